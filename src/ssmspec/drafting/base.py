@@ -1,0 +1,91 @@
+"""Draft trees: what every drafter proposes and every verifier judges.
+
+A sequence's drafts form a tree hanging under its pending token (the last emitted token, not yet fed
+to the model). Nodes are numbered in topological order: node 0 is the pending token, node i >= 1 is
+``tokens[:, i-1]`` with parent ``parents[:, i-1]`` (a node number < i). Chains are trees too: D
+independent chains of S tokens are laid out chain after chain.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class DraftTree:
+    tokens: Tensor  # (B, T) int64 draft tokens, topological order
+    parents: Tensor  # (B, T) int64 parent node of each draft (0 = the pending token)
+    q: Tensor | None = None  # (B, T, V) drafter's distribution each token was drawn from (None: deterministic)
+    num_chains: int = 0  # D when the tree is D disjoint chains of equal length, else 0
+
+    @property
+    def size(self) -> int:  # T
+        return self.tokens.shape[1]
+
+    @property
+    def is_single_chain(self) -> bool:
+        return self.num_chains == 1
+
+    @property
+    def chain_len(self) -> int:  # S for chains
+        return self.size // self.num_chains if self.num_chains else 0
+
+    @classmethod
+    def from_chains(cls, tokens: Tensor, q: Tensor | None = None) -> "DraftTree":
+        """tokens (B, D, S) -> D disjoint chains; q (B, D, S, V)."""
+        bsz, D, S = tokens.shape
+        idx = torch.arange(S, device=tokens.device)
+        base = 1 + torch.arange(D, device=tokens.device)[:, None] * S  # first node of each chain
+        parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1)  # (D, S)
+        parents = parents.reshape(1, D * S).expand(bsz, -1).contiguous()
+        return cls(tokens.reshape(bsz, D * S), parents, None if q is None else q.reshape(bsz, D * S, -1), D)
+
+    def chains(self) -> Tensor:
+        """(B, D, S) view of chain drafts."""
+        assert self.num_chains, "not a chain draft"
+        return self.tokens.reshape(self.tokens.shape[0], self.num_chains, -1)
+
+    def parents_with_root(self) -> Tensor:
+        """(B, 1+T) parent of every node; the root is its own parent."""
+        return torch.cat([torch.zeros_like(self.parents[:, :1]), self.parents], dim=1)
+
+    def depths_with_root(self) -> Tensor:
+        """(B, 1+T) depth of every node (root 0)."""
+        par = self.parents_with_root()
+        depth = torch.zeros_like(par)
+        for i in range(1, par.shape[1]):  # topological order: parents come first
+            depth[:, i] = depth.gather(1, par[:, i:i + 1])[:, 0] + 1
+        return depth
+
+    def ancestor_mask(self) -> Tensor:
+        """(B, 1+T, 1+T) bool, [i, j] = node j is node i or one of its ancestors."""
+        par = self.parents_with_root()
+        bsz, n = par.shape
+        mask = torch.zeros(bsz, n, n, dtype=torch.bool, device=par.device)
+        mask[:, 0, 0] = True
+        for i in range(1, n):
+            mask[:, i] = mask[torch.arange(bsz, device=par.device), par[:, i]]
+            mask[:, i, i] = True
+        return mask
+
+    def max_depth(self) -> int:
+        return int(self.depths_with_root().max()) if self.size else 0
+
+
+class Drafter(Protocol):
+    """Proposes drafts for every sequence of the batch each step."""
+
+    name: str
+    is_tree: bool  # proposes trees that are not chains
+
+    def reset(self, prompts: list[Tensor], *, batch: int, device) -> None:
+        """Called once before generation with each sequence's prompt ids (1-D tensors)."""
+
+    def propose(self, history: list[Tensor], pending: Tensor) -> DraftTree:
+        """history: per sequence, every token so far (prompt + output, pending included)."""
+
+    def observe(self, verdict) -> None:
+        """Told the verdict of the step (draft models roll their own state back here)."""

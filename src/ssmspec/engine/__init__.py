@@ -1,0 +1,3 @@
+from ssmspec.engine.generate import GenerationOutput, StepRecord, generate
+
+__all__ = ["generate", "GenerationOutput", "StepRecord"]

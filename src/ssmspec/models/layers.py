@@ -1,0 +1,199 @@
+"""Layers of a hybrid model. Parameter names follow transformers' Mamba2 / NemotronH modules so that
+checkpoints load by renaming prefixes only (``loading.py``)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from ssmspec.models.config import ModelConfig
+from ssmspec.models.kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h).to(dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """y * silu(z), then RMSNorm over groups of ``group_size`` channels (norm_before_gate=False, the
+    Mamba-2 / Nemotron-H form; transformers >= 5 and mamba_ssm normalise per group)."""
+
+    def __init__(self, dim: int, group_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.group_size, self.eps = group_size, eps
+
+    def forward(self, y: Tensor, z: Tensor) -> Tensor:
+        dtype = y.dtype
+        h = y.float() * F.silu(z.float())
+        g = h.view(*h.shape[:-1], -1, self.group_size)  # (..., groups, group_size)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view_as(h).to(dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    """in_proj -> z | xBC | dt; the strategy runs conv + SSM on (xBC, dt); gated norm with z; out_proj."""
+
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.cfg, self.index = cfg, index  # index among the model's Mamba-2 mixers
+        I, H = cfg.d_inner, cfg.ssm_heads
+        self.in_proj = nn.Linear(cfg.d_model, cfg.in_proj_dim, bias=cfg.proj_bias)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.conv_kernel, groups=cfg.conv_dim,
+                                padding=cfg.conv_kernel - 1, bias=cfg.conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(H))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, H + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(H))
+        self.norm = GatedRMSNorm(I, I // cfg.n_groups, cfg.norm_eps)
+        self.out_proj = nn.Linear(I, cfg.d_model, bias=cfg.proj_bias)
+
+    def params(self):
+        from ssmspec.strategies.base import MambaParams
+
+        c = self.cfg
+        return MambaParams(index=self.index, conv_weight=self.conv1d.weight[:, 0, :], conv_bias=self.conv1d.bias,
+                           dt_bias=self.dt_bias, A=-torch.exp(self.A_log.float()), D=self.D,
+                           dt_limit=(c.dt_min_limit, c.dt_max_limit), heads=c.ssm_heads, head_dim=c.head_dim,
+                           groups=c.n_groups, state_size=c.state_size, activation=c.mamba_activation)
+
+    def forward(self, h: Tensor, ctx) -> Tensor:
+        from ssmspec.strategies.base import MixerInputs
+
+        c = self.cfg
+        z, xbc, dt = self.in_proj(h).split([c.d_inner, c.conv_dim, c.ssm_heads], dim=-1)
+        inp = MixerInputs(xbc=xbc, dt=dt)
+        p = self.params()
+        y = ctx.strategy.prefill(p, inp, ctx.step) if ctx.step.prefill else ctx.strategy.mix(p, inp, ctx.step)
+        return self.out_proj(self.norm(y.to(h.dtype), z))
+
+
+def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype) -> tuple[Tensor, Tensor]:
+    """positions (B, L) -> cos, sin (B, L, dim) (half-rotation layout of Llama)."""
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    ang = positions.float()[..., None] * inv  # (B, L, dim/2)
+    emb = torch.cat([ang, ang], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, L, heads, D)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos[:, :, None] + rot * sin[:, :, None]
+
+
+class Attention(nn.Module):
+    """GQA self-attention over a ``KVCache`` (committed tokens) plus this call's tokens under a causal or
+    tree mask; optional RoPE."""
+
+    def __init__(self, cfg: ModelConfig, index: int) -> None:
+        super().__init__()
+        self.cfg, self.index = cfg, index  # index among the model's attention layers
+        d, hd = cfg.d_model, cfg.attn_head_dim
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=cfg.attn_bias)
+        self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attn_bias)
+        self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attn_bias)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=cfg.attn_bias)
+
+    def forward(self, h: Tensor, ctx) -> Tensor:
+        c = self.cfg
+        b, L, _ = h.shape
+        q = self.q_proj(h).view(b, L, c.n_heads, c.attn_head_dim)
+        k = self.k_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
+        v = self.v_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
+        if c.rope:
+            cos, sin = rope_cos_sin(ctx.step.positions, c.attn_head_dim, c.rope_theta, q.dtype)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kv: KVCache = ctx.kv[self.index]
+        out = kv.attend(q, k, v, ctx.step, scale=1.0 / math.sqrt(c.attn_head_dim))  # (B', L, heads, D)
+        return self.o_proj(out.reshape(b, L, -1))
+
+
+def _act(kind: str):
+    return {"relu2": lambda x: F.relu(x).square(), "silu": F.silu, "gelu": F.gelu}[kind]
+
+
+class MLP(nn.Module):
+    """relu²: down(relu(up(x))²) (Nemotron-H); swiglu: down(silu(gate(x)) * up(x)) (Llama)."""
+
+    def __init__(self, cfg: ModelConfig, d_ff: int | None = None) -> None:
+        super().__init__()
+        d_ff = d_ff or cfg.d_ff
+        self.kind = cfg.mlp_kind
+        self.up_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
+        self.down_proj = nn.Linear(d_ff, cfg.d_model, bias=False)
+        if self.kind == "swiglu":
+            self.gate_proj = nn.Linear(cfg.d_model, d_ff, bias=False)
+        elif self.kind != "relu2":
+            raise ValueError(f"unknown mlp_kind {self.kind!r}; use relu2 or swiglu")
+
+    def forward(self, x: Tensor, ctx=None) -> Tensor:
+        if self.kind == "swiglu":
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.relu(self.up_proj(x)).square())
+
+
+class TopKRouter(nn.Module):
+    """Sigmoid scores + correction bias for the choice, group-limited top-k (Nemotron-H / DeepSeek-V3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.zeros(cfg.n_experts, cfg.d_model))
+        self.register_buffer("e_score_correction_bias", torch.zeros(cfg.n_experts))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        c = self.cfg
+        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # (T, E)
+        choice = scores + self.e_score_correction_bias
+        if c.n_expert_groups > 1:
+            per = c.n_experts // c.n_expert_groups
+            gscore = choice.view(-1, c.n_expert_groups, per).topk(min(2, per), dim=-1)[0].sum(-1)
+            keep = torch.zeros_like(gscore).scatter_(1, gscore.topk(c.topk_groups, dim=-1)[1], 1.0)
+            choice = choice.masked_fill(~keep.bool().repeat_interleave(per, dim=1), float("-inf"))
+        idx = choice.topk(c.top_k, dim=-1)[1]  # (T, k)
+        w = scores.gather(1, idx)
+        if c.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        return idx, w * c.routed_scaling
+
+
+class MoE(nn.Module):
+    """Routed experts (non-gated relu² MLPs stored as 3-D weights) plus an optional shared expert."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gate = TopKRouter(cfg)
+        self.experts = nn.Module()
+        self.experts.up_proj = nn.Parameter(torch.randn(cfg.n_experts, cfg.moe_d_ff, cfg.d_model) * 0.02)
+        self.experts.down_proj = nn.Parameter(torch.randn(cfg.n_experts, cfg.d_model, cfg.moe_d_ff) * 0.02)
+        self.shared_experts = MLP(cfg.replace(mlp_kind="relu2"), cfg.shared_d_ff) if cfg.shared_d_ff else None
+
+    def forward(self, x: Tensor, ctx=None) -> Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (T, d)
+        idx, w = self.gate(flat)  # (T, k)
+        y = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
+        for e in range(self.cfg.n_experts):  # only the tokens routed to expert e
+            tok, slot = torch.where(idx == e)
+            if tok.numel() == 0:
+                continue
+            hid = F.relu(F.linear(flat[tok], self.experts.up_proj[e])).square()
+            y.index_add_(0, tok, F.linear(hid, self.experts.down_proj[e]).float() * w[tok, slot, None])
+        y = y.to(x.dtype).view(shape)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y

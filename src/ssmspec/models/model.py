@@ -1,0 +1,115 @@
+"""HybridLM: embeddings, pre-norm residual blocks with one mixer each, final norm, LM head.
+
+The model itself keeps no decoding state: SSM and conv states belong to the strategy, keys and values
+to the ``KVCache`` of each attention block; both travel in a ``RunContext`` (``engine/context.py``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from ssmspec.models.config import ModelConfig
+from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, RMSNorm
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, kind: str, index: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.residual_in_fp32 = cfg.residual_in_fp32
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        if kind == "M":
+            self.mixer = Mamba2Mixer(cfg, index)
+        elif kind == "*":
+            self.mixer = Attention(cfg, index)
+        elif kind == "-":
+            self.mixer = MLP(cfg)
+        else:
+            self.mixer = MoE(cfg)
+
+    def forward(self, h: Tensor, ctx) -> Tensor:
+        residual = h.float() if self.residual_in_fp32 else h
+        out = self.mixer(self.norm(h.to(self.norm.weight.dtype)), ctx)
+        return residual + out
+
+
+class HybridLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        counters = {"M": 0, "*": 0}
+        blocks = []
+        for kind in cfg.pattern:
+            idx = counters.get(kind, 0)
+            blocks.append(Block(cfg, kind, idx))
+            if kind in counters:
+                counters[kind] += 1
+        self.layers = nn.ModuleList(blocks)
+        self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embeddings.weight
+
+    @property
+    def device(self) -> torch.device:
+        return self.embeddings.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embeddings.weight.dtype
+
+    def forward(self, input_ids: Tensor, ctx) -> Tensor:
+        """input_ids (B', L) -> logits (B', L, V) in fp32; ``ctx`` carries strategy, KV caches and step."""
+        h = self.embeddings(input_ids)
+        for block in self.layers:
+            h = block(h, ctx)
+        h = self.norm_f(h.to(self.norm_f.weight.dtype))
+        return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
+
+    @torch.no_grad()
+    def init_random(self, seed: int = 0) -> "HybridLM":
+        """Seeded random weights at the configured sizes (timing runs with no checkpoint): normal(0.02)
+        projections, residual outputs scaled by 1/sqrt(2 n_layer), Mamba-2's A and dt initialisation."""
+        dev = self.device
+        gen = torch.Generator(device=dev).manual_seed(seed)  # draws on the weights' device (fast at 13B)
+        n = max(self.cfg.n_layer, 1)
+
+        def normal_(t: Tensor, std: float) -> None:
+            t.copy_(torch.randn(t.shape, generator=gen, device=dev, dtype=torch.float32).mul_(std))
+
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("norm_f.weight") or name.endswith(".D"):
+                p.fill_(1.0)
+            elif name.endswith("A_log"):
+                a = torch.rand(p.shape, generator=gen, device=dev) * 15 + 1  # A in [1, 16]
+                p.copy_(torch.log(a).to(p.dtype))
+            elif name.endswith("dt_bias"):
+                dt = torch.exp(torch.rand(p.shape, generator=gen, device=dev) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+                p.copy_((dt + torch.log(-torch.expm1(-dt))).to(p.dtype))  # inverse softplus
+            elif name.endswith("bias"):
+                p.zero_()
+            elif "conv1d.weight" in name:
+                normal_(p, 1.0 / math.sqrt(self.cfg.conv_kernel))
+            elif name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight", "experts.down_proj")):
+                normal_(p, 0.02 / math.sqrt(2 * n))
+            else:
+                normal_(p, 0.02)
+        return self
+
+
+def build_model(cfg: ModelConfig, *, seed: int = 0, device="cpu", dtype=torch.float32) -> HybridLM:
+    """A HybridLM with seeded random weights, built directly on ``device`` in ``dtype``."""
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    model = model.to_empty(device=device)
+    for block in model.layers:  # buffers are not touched by init_random
+        if block.kind == "E":
+            block.mixer.gate.e_score_correction_bias.zero_()
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embeddings.weight
+    model.init_random(seed)
+    return model.to(dtype=dtype).eval()

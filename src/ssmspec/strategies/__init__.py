@@ -1,0 +1,7 @@
+"""State-keeping strategies (DESIGN.md section 2). Importing this package registers every strategy."""
+from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
+                                     make_strategy, register_strategy, strategy_names)
+from ssmspec.strategies import autoregressive  # noqa: F401  (registers)
+
+__all__ = ["MambaParams", "MixerInputs", "SpecConfig", "StepInputs", "StrategyBase", "make_strategy",
+           "register_strategy", "strategy_names"]

@@ -1,0 +1,240 @@
+"""The Strategy protocol: how the SSM state of every Mamba-2 mixer is kept during (speculative) decoding.
+
+One decode step (DESIGN.md section 3): the drafter proposes a ``DraftTree`` hanging under the pending
+token; ``Strategy.layout`` turns it into ``StepInputs`` (model rows, positions, tree mask, where each
+tree node's logits come from); the model runs, and every Mamba-2 mixer hands its projected inputs to
+``Strategy.mix``; the verifier returns a ``Verdict``; ``Strategy.commit`` moves the state to the last
+accepted token on the device (no host sync). Attention layers keep a ``KVCache`` that follows the same
+``StepInputs`` and commits the accepted path too.
+
+Adding a strategy is adding a file that subclasses ``StrategyBase``, decorates it with
+``@register_strategy("name")`` and a ``conf/strategy/<name>.yaml``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ssmspec.models.config import ModelConfig
+from ssmspec.ops.causal_conv1d import causal_conv1d
+from ssmspec.ops.ssd import ssd_chunk_scan
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Shape of the speculation every step: fixed, so all buffers are allocated once."""
+
+    draft_len: int = 0  # S: draft tokens per chain (depth of a tree); 0 = standard decoding
+    num_drafts: int = 1  # D: independent chains per sequence (trees: leave 1)
+    tree_size: int = 0  # T: nodes of a token tree (0: chains, T = D * S)
+    buffer_size: int = 16  # R: ring-buffer capacity of the `replay` strategy
+
+    @property
+    def nodes(self) -> int:
+        """Draft nodes per sequence and step (excluding the pending token)."""
+        return self.tree_size if self.tree_size else self.num_drafts * self.draft_len
+
+
+@dataclass
+class MambaParams:
+    """One Mamba-2 mixer's weights and sizes, as strategies and kernels need them."""
+
+    index: int  # position of this mixer among the model's Mamba-2 mixers (0 .. n_mamba-1)
+    conv_weight: Tensor  # (conv_dim, W)
+    conv_bias: Tensor | None  # (conv_dim,)
+    dt_bias: Tensor  # (H,)
+    A: Tensor  # (H,) fp32, = -exp(A_log)
+    D: Tensor  # (H,)
+    dt_limit: tuple[float, float]
+    heads: int  # H
+    head_dim: int  # P
+    groups: int  # G
+    state_size: int  # N
+    activation: str
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    def split_xbc(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Post-conv (B, L, conv_dim) -> x (B, L, H, P), B (B, L, G, N), C (B, L, G, N)."""
+        b, L, _ = xbc.shape
+        gn = self.groups * self.state_size
+        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
+        return (x.reshape(b, L, self.heads, self.head_dim), B.reshape(b, L, self.groups, self.state_size),
+                C.reshape(b, L, self.groups, self.state_size))
+
+    def discretize(self, dt_raw: Tensor, valid: Tensor | None = None) -> Tensor:
+        """dt = clamp(softplus(dt_raw + dt_bias)) in fp32, (B, L, H); 0 on invalid (pad / no-op) tokens,
+        which leaves the state untouched: exp(A·0) = 1 and the input term is scaled by dt = 0."""
+        dt = F.softplus(dt_raw.float() + self.dt_bias.float())
+        lo, hi = self.dt_limit
+        if lo > 0.0 or hi != float("inf"):
+            dt = dt.clamp(min=lo, max=hi)
+        if valid is not None:
+            dt = dt * valid[..., None].to(dt.dtype)
+        return dt
+
+
+@dataclass
+class MixerInputs:
+    """What a Mamba-2 mixer hands to the strategy: its projections before the conv."""
+
+    xbc: Tensor  # (B', L, conv_dim) pre-conv x | B | C
+    dt: Tensor  # (B', L, H) raw dt, before bias / softplus
+
+
+@dataclass
+class StepInputs:
+    """The model input of one call, as a strategy laid it out.
+
+    Rows B' may exceed the batch B (several chains per sequence, joint attainment's extra rows); every
+    row belongs to one sequence (``seq_index``). Node n of a sequence's draft tree (node 0 = the pending
+    token) is fed at (``node_row[b, n]``, ``node_col[b, n]``); its logits are read there.
+    """
+
+    input_ids: Tensor  # (B', L) int64
+    positions: Tensor  # (B', L) int64 token positions in their sequence (RoPE)
+    valid: Tensor | None = None  # (B', L) bool; False: pad / no-op token (state untouched, not attended)
+    seq_index: Tensor | None = None  # (B',) sequence of each row; None: row b is sequence b
+    tree_mask: Tensor | None = None  # (B', L, L) bool, [i, j]: token i sees token j; None: causal
+    node_row: Tensor | None = None  # (B, 1+T) model row of each tree node; None: row b
+    node_col: Tensor | None = None  # (B, 1+T) column of each tree node; None: column n
+    prefill: bool = False  # a prompt pass (sets the initial states)
+    kv_bound: int = 0  # host-known upper bound on committed KV slots (0: the whole cache); no sync needed
+    extras: dict = dataclasses.field(default_factory=dict)  # strategy-private per-step tensors
+
+    @property
+    def rows(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def length(self) -> int:
+        return self.input_ids.shape[1]
+
+    def gather_nodes(self, logits: Tensor) -> Tensor:
+        """(B', L, V) model logits -> (B, 1+T, V) logits per tree node."""
+        if self.node_row is None and self.node_col is None:
+            return logits
+        Bp, L, V = logits.shape
+        flat = self.node_row * L + self.node_col  # (B, 1+T)
+        return logits.reshape(Bp * L, V)[flat]
+
+
+class StrategyBase:
+    """Shared machinery: per-layer conv and SSM state, prefill, the default one-row-per-sequence layout.
+
+    Subclasses implement ``mix`` (and ``commit`` when they speculate) and may override ``allocate``,
+    ``layout`` and ``cache_bytes``. Tensors that persist across steps are created in ``allocate`` with
+    fixed shapes so a step can be captured in a CUDA graph.
+    """
+
+    name: ClassVar[str] = "base"
+    supports_trees: ClassVar[bool] = False  # can verify a token tree (not only chains)
+    speculative: ClassVar[bool] = True  # takes drafts; False for autoregressive
+
+    def __init__(self, **options) -> None:
+        if options:
+            raise ValueError(f"strategy {self.name!r} takes no options {sorted(options)}")
+        self.cfg: ModelConfig | None = None
+        self.spec = SpecConfig()
+        self.batch = 0
+        self.conv_state: Tensor | None = None  # (n_mamba, B, conv_dim, W-1)
+        self.ssm_state: Tensor | None = None  # (n_mamba, B, H, P, N) fp32
+
+    # allocation ------------------------------------------------------------------------
+    def check_spec(self, spec: SpecConfig) -> None:
+        if spec.draft_len and not self.speculative:
+            raise ValueError(f"strategy {self.name!r} does not speculate: use drafter=none (draft_len 0), "
+                             f"or a speculative strategy such as snapshot or replay")
+        if spec.tree_size and not self.supports_trees:
+            raise ValueError(f"strategy {self.name!r} verifies chains only; use a chain drafter or a "
+                             f"tree strategy (stree)")
+
+    def allocate(self, cfg: ModelConfig, batch: int, spec: SpecConfig, device, dtype) -> None:
+        self.check_spec(spec)
+        self.cfg, self.batch, self.spec = cfg, batch, spec
+        n = len(cfg.mamba_layers)
+        self.conv_state = torch.zeros(n, batch, cfg.conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype)
+        self.ssm_state = torch.zeros(n, batch, cfg.ssm_heads, cfg.head_dim, cfg.state_size, device=device,
+                                     dtype=torch.float32)
+
+    def max_rows(self, batch: int, spec: SpecConfig) -> int:
+        """Most model rows one call of this strategy uses (KV scratch is sized by it)."""
+        return batch
+
+    def max_call_len(self, spec: SpecConfig) -> int:
+        """Most tokens per row in one decode call."""
+        return 1 + spec.nodes
+
+    def cache_bytes(self) -> int:
+        """Bytes of every tensor this strategy allocated (for memory and concurrency figures)."""
+        return sum(t.numel() * t.element_size() for t in self._owned_tensors())
+
+    def _owned_tensors(self) -> list[Tensor]:
+        return [t for t in vars(self).values() if isinstance(t, Tensor)]
+
+    # prefill -----------------------------------------------------------------------------
+    def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        """Prompt pass: conv and chunked scan from zero state; keeps the final states. (B, L, I) output."""
+        y, conv_state, ssm_state = run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)
+        self.conv_state[p.index].copy_(conv_state)
+        self.ssm_state[p.index].copy_(ssm_state)
+        return y
+
+    # one decode step ----------------------------------------------------------------------
+    def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
+        """Default layout: one row per sequence, [pending, draft nodes...], positions seq_len + depth,
+        tree mask when the drafts are not one chain."""
+        if drafts is None:
+            return StepInputs(input_ids=pending[:, None], positions=seq_len[:, None])
+        tokens = torch.cat([pending[:, None], drafts.tokens], dim=1)  # (B, 1+T)
+        positions = seq_len[:, None] + drafts.depths_with_root()
+        mask = None if drafts.is_single_chain else drafts.ancestor_mask()
+        return StepInputs(input_ids=tokens, positions=positions, tree_mask=mask)
+
+    def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        raise NotImplementedError
+
+    def commit(self, verdict, step: StepInputs) -> None:
+        """Move every layer's state to the last accepted token (device-side)."""
+
+
+def run_prefill(p: MambaParams, inp: MixerInputs, step: StepInputs, *, chunk_size: int,
+                conv_state: Tensor | None = None, ssm_state: Tensor | None = None):
+    """Conv + chunked SSD scan of a whole prompt (left padding masked). Returns y (B, L, I),
+    the conv state (B, conv_dim, W-1) and the SSM state (B, H, P, N)."""
+    xbc = inp.xbc
+    if step.valid is not None:
+        xbc = xbc * step.valid[..., None].to(xbc.dtype)  # pads feed zeros, as the empty history does
+    xbc_conv, new_conv = causal_conv1d(xbc, p.conv_weight, p.conv_bias, state=conv_state, activation=p.activation)
+    x, B, C = p.split_xbc(xbc_conv)
+    dt = p.discretize(inp.dt, step.valid)
+    y, new_ssm = ssd_chunk_scan(x, dt, p.A, B, C, p.D, chunk_size=chunk_size, initial_state=ssm_state)
+    return y.reshape(*y.shape[:2], -1).to(inp.xbc.dtype), new_conv, new_ssm
+
+
+_REGISTRY: dict[str, type[StrategyBase]] = {}
+
+
+def register_strategy(name: str):
+    def wrap(cls):
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def strategy_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def make_strategy(name: str, **options) -> StrategyBase:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(strategy_names())}")
+    return _REGISTRY[name](**options)

@@ -1,0 +1,31 @@
+"""Greedy verification of chains and trees (temperature 0): accept a draft node when its token is the
+target's argmax at its parent; keep the deepest fully accepted path; the bonus is the argmax there."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.verify.base import Verdict, path_to_node
+
+
+class GreedyVerifier:
+    name = "greedy"
+
+    def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
+        target = node_logits.argmax(-1)  # (B, 1+T) target's next token after each node
+        bsz = target.shape[0]
+        if drafts is None or drafts.size == 0:
+            zeros = torch.zeros(bsz, dtype=torch.long, device=target.device)
+            return Verdict(accepted=zeros, path=zeros[:, None], bonus=target[:, 0])
+        par = drafts.parents_with_root()  # (B, 1+T)
+        n = par.shape[1]
+        ok = torch.zeros(bsz, n, dtype=torch.bool, device=target.device)
+        ok[:, 0] = True
+        for i in range(1, n):  # topological order: a node is accepted when its parent is and it matches
+            p = par[:, i]
+            ok[:, i] = ok.gather(1, p[:, None])[:, 0] & (drafts.tokens[:, i - 1] == target.gather(1, p[:, None])[:, 0])
+        depth = drafts.depths_with_root()
+        score = torch.where(ok, depth, torch.full_like(depth, -1))
+        best = score.argmax(dim=1)  # deepest accepted node (first in topological order on ties)
+        path, acc = path_to_node(par, best, int(depth.max()))
+        return Verdict(accepted=acc, path=path, bonus=target.gather(1, best[:, None])[:, 0])
