@@ -2,6 +2,7 @@
 from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
                                      make_strategy, register_strategy, strategy_names)
 from ssmspec.strategies import autoregressive  # noqa: F401  (registers)
+from ssmspec.strategies import stree  # noqa: F401  (registers)
 
 __all__ = ["MambaParams", "MixerInputs", "SpecConfig", "StepInputs", "StrategyBase", "make_strategy",
            "register_strategy", "strategy_names"]
