@@ -3,6 +3,7 @@ from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepI
                                      make_strategy, register_strategy, strategy_names)
 from ssmspec.strategies import autoregressive  # noqa: F401  (registers)
 from ssmspec.strategies import stree  # noqa: F401  (registers)
+from ssmspec.strategies import replay  # noqa: F401  (registers)
 
 __all__ = ["MambaParams", "MixerInputs", "SpecConfig", "StepInputs", "StrategyBase", "make_strategy",
            "register_strategy", "strategy_names"]

@@ -14,6 +14,17 @@ except ImportError:
         conv_state.copy_(full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1)))
 
 try:
+    from ssmspec.ops.causal_conv1d import causal_conv1d_update  # noqa: F401
+except ImportError:
+    from ssmspec.ops.causal_conv1d import causal_conv1d as _cc
+
+    def causal_conv1d_update(x, conv_state, weight, bias=None, *, activation="silu", update_state=True):
+        y, new = _cc(x, weight, bias, state=conv_state, activation=activation)
+        if update_state:
+            conv_state.copy_(new)
+        return y
+
+try:
     from ssmspec.ops.multistep import ssm_multistep  # noqa: F401
 except ImportError:
     from ssmspec.ops.ssd.naive import ssd_chunk_scan_ref

@@ -1,0 +1,96 @@
+"""`replay`: ReplaySSM (seed 000) -- cache recent SSM inputs instead of storing the state every step.
+
+Per sequence and layer: a checkpoint state S0 (``ssm_state``), a ring buffer of capacity R holding the
+(x, dt, B) of recent tokens (x, B in the activation dtype, dt discretized fp32), a ring index ``head`` of
+the oldest cached entry and the number ``count`` = h of committed entries. One call of L tokens
+([pending, S drafts], L = 1 + S; standard decoding is S = 0, L = 1):
+
+1. flush where h + 2L > R (seed 000: one window early, so every step keeps L free slots): fold the h
+   committed entries into S0 -- the only state store -- and empty the ring; the flags are per-sequence
+   data (``replay_flush_flags``), never a Python branch, so one captured graph serves every step;
+2. append the L new tokens to the ring and compute their outputs in the output-only form from S0 and
+   the ring window under a causal mask (seed 000, Alg. 2 / 4) -- no state is materialized;
+3. ``commit`` moves ``count`` by the accepted count + 1 on the device (rejected entries lie beyond the
+   pointer and are overwritten next call), and advances the conv state over the accepted tokens from the
+   call's cached conv inputs (``conv_state_advance``); only committed entries are ever folded.
+
+The conv runs over [conv state, call tokens] without updating the state (``causal_conv1d_update`` with
+``update_state=False``), so rejected drafts never reach it.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.ops.replay import replay_commit, replay_flush_flags, replay_verify
+from ssmspec.strategies._pending_ops import causal_conv1d_update, conv_state_advance
+from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
+
+
+@register_strategy("replay")
+class Replay(StrategyBase):
+    supports_trees = False
+
+    def check_spec(self, spec: SpecConfig) -> None:
+        super().check_spec(spec)
+        if spec.num_drafts > 1 and not self.supports_trees:
+            raise ValueError(f"strategy 'replay' verifies one chain per sequence, got num_drafts={spec.num_drafts}; "
+                             f"use num_drafts=1 or a tree strategy (stree)")
+        L = self.max_call_len(spec)
+        if spec.buffer_size < L:
+            raise ValueError(f"replay buffer_size R={spec.buffer_size} cannot hold one call of {L} tokens "
+                             f"(pending + {spec.nodes} drafts, S={spec.draft_len}); raise buffer_size to at least "
+                             f"{L} or lower S to at most {spec.buffer_size - 1}")
+
+    def allocate(self, cfg, batch: int, spec: SpecConfig, device, dtype) -> None:
+        super().allocate(cfg, batch, spec, device, dtype)  # ssm_state is the checkpoint S0 of every layer
+        n, R, L = len(cfg.mamba_layers), spec.buffer_size, self.max_call_len(spec)
+        H, P, G, N = cfg.ssm_heads, cfg.head_dim, cfg.n_groups, cfg.state_size
+        self.ring_x = torch.zeros(n, batch, R, H, P, device=device, dtype=dtype)  # cached x (v)
+        self.ring_dt = torch.zeros(n, batch, R, H, device=device, dtype=torch.float32)  # cached discretized dt
+        self.ring_B = torch.zeros(n, batch, R, G, N, device=device, dtype=dtype)  # cached B (k)
+        # ring pointers per layer (a flush moves them inside the layer's verify call)
+        self.head = torch.zeros(n, batch, device=device, dtype=torch.long)  # slot of the oldest entry
+        self.count = torch.zeros(n, batch, device=device, dtype=torch.long)  # committed entries h
+        self.conv_in = torch.zeros(n, batch, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
+
+    def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
+        if drafts is not None and not drafts.is_single_chain and not self.supports_trees:
+            raise ValueError("strategy 'replay' verifies one draft chain per sequence but the drafter proposed a "
+                             "tree (or several chains); use a chain drafter with num_drafts=1, or strategy stree")
+        if drafts is not None and 1 + drafts.size > self.conv_in.shape[2]:
+            raise ValueError(f"the drafter proposed {drafts.size} drafts but replay was allocated for "
+                             f"{self.conv_in.shape[2] - 1} (SpecConfig.draft_len); make the drafter's spec match")
+        return super().layout(pending, drafts, seq_len)
+
+    def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        """Prompt pass: the chunk scan's final state becomes the checkpoint S0, the ring starts empty."""
+        y = super().prefill(p, inp, step)
+        self.head[p.index].zero_()
+        self.count[p.index].zero_()
+        return y
+
+    def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        """Output-only verify of the call's L tokens against S0 + the ring (flushing first where due)."""
+        i = p.index
+        if step.rows != self.batch:
+            raise ValueError(f"replay lays out one row per sequence ({self.batch}), got a call of {step.rows} rows")
+        if step.valid is not None:
+            raise ValueError("replay does not take pad / no-op tokens in decode calls (StepInputs.valid)")
+        L = step.length
+        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias,
+                                   activation=p.activation, update_state=False)  # (B, L, conv_dim)
+        self.conv_in[i, :, :L] = inp.xbc
+        x, B, C = p.split_xbc(xbc)  # (B, L, H, P), (B, L, G, N) x2
+        flush = replay_flush_flags(self.count[i], L, self.spec.buffer_size)  # (B,) bool, data not a branch
+        y = replay_verify(self.ssm_state[i], self.ring_x[i], self.ring_dt[i], self.ring_B[i], self.head[i],
+                          self.count[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_limit=p.dt_limit,
+                          flush=flush)  # (B, L, H, P)
+        return y.reshape(*y.shape[:2], -1)
+
+    def commit(self, verdict, step: StepInputs) -> None:
+        """Keep pending + accepted entries: move the pointers, advance the conv state (device-side)."""
+        replay_commit(self.count, verdict.accepted)  # (n, B) += accepted + 1, broadcast over layers
+        n, bsz, Lc, cdim = self.conv_in.shape
+        keep = (verdict.accepted + 1).repeat(n)  # (n*B,)
+        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), self.conv_in.view(n * bsz, Lc, cdim), keep)
