@@ -43,7 +43,8 @@ class KVCache:
         keys = torch.cat([self.k[seq, :, :ctx_len], k.transpose(1, 2)], dim=2)
         vals = torch.cat([self.v[seq, :, :ctx_len], v.transpose(1, 2)], dim=2)
         slot = torch.arange(ctx_len, device=q.device)
-        old_ok = (slot[None] >= self.start[seq, None]) & (slot[None] < self.length[seq, None])  # (B', T)
+        end = self.length[seq] if step.kv_hide is None else self.length[seq] - step.kv_hide  # (B',)
+        old_ok = (slot[None] >= self.start[seq, None]) & (slot[None] < end[:, None])  # (B', T)
         if step.tree_mask is not None:
             new_ok = step.tree_mask
         else:

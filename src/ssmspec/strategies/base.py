@@ -107,6 +107,7 @@ class StepInputs:
     node_col: Tensor | None = None  # (B, 1+T) column of each tree node; None: column n
     prefill: bool = False  # a prompt pass (sets the initial states)
     kv_bound: int = 0  # host-known upper bound on committed KV slots (0: the whole cache); no sync needed
+    kv_hide: Tensor | None = None  # (B',) newest committed KV slots a row does not see (it re-runs them)
     extras: dict = dataclasses.field(default_factory=dict)  # strategy-private per-step tensors
 
     @property
