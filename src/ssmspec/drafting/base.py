@@ -20,6 +20,7 @@ class DraftTree:
     parents: Tensor  # (B, T) int64 parent node of each draft (0 = the pending token)
     q: Tensor | None = None  # (B, T, V) drafter's distribution each token was drawn from (None: deterministic)
     num_chains: int = 0  # D when the tree is D disjoint chains of equal length, else 0
+    depth: int = 0  # static max depth when the drafter knows it (0: unknown, max_depth() syncs the host)
 
     @property
     def size(self) -> int:  # T
@@ -41,7 +42,15 @@ class DraftTree:
         base = 1 + torch.arange(D, device=tokens.device)[:, None] * S  # first node of each chain
         parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1)  # (D, S)
         parents = parents.reshape(1, D * S).expand(bsz, -1).contiguous()
-        return cls(tokens.reshape(bsz, D * S), parents, None if q is None else q.reshape(bsz, D * S, -1), D)
+        return cls(tokens.reshape(bsz, D * S), parents, None if q is None else q.reshape(bsz, D * S, -1), D, S)
+
+    @classmethod
+    def merge_chains(cls, tokens: Tensor, *, size: int | None = None) -> "DraftTree":
+        """tokens (B, D, S) -> one prefix tree per sequence, shared prefixes stored once (see
+        ``drafting/merge.py``; deterministic drafts only)."""
+        from ssmspec.drafting.merge import merge_chains
+
+        return merge_chains(tokens, size=size)
 
     def chains(self) -> Tensor:
         """(B, D, S) view of chain drafts."""
@@ -72,6 +81,8 @@ class DraftTree:
         return mask
 
     def max_depth(self) -> int:
+        if self.depth:
+            return self.depth
         return int(self.depths_with_root().max()) if self.size else 0
 
 
