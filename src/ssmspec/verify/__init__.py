@@ -4,8 +4,12 @@ from __future__ import annotations
 from ssmspec.verify.base import Verdict, Verifier
 from ssmspec.verify.distributions import SamplingConfig
 from ssmspec.verify.greedy import GreedyVerifier
+from ssmspec.verify.speculative import SpeculativeVerifier
 
-_VERIFIERS = {"greedy": lambda sampling=None: GreedyVerifier()}
+# name -> factory(sampling=...). `speculative` handles chains (Leviathan) and trees (multi-step sampling);
+# generate() asks for it when temperature > 0.
+_VERIFIERS = {"greedy": lambda sampling=None: GreedyVerifier(),
+              "speculative": lambda sampling=None: SpeculativeVerifier(sampling)}
 
 
 def register_verifier(name: str, factory) -> None:
@@ -22,5 +26,5 @@ def make_verifier(name: str, *, sampling: SamplingConfig | None = None):
     return _VERIFIERS[name](sampling=sampling)
 
 
-__all__ = ["Verdict", "Verifier", "SamplingConfig", "GreedyVerifier", "make_verifier", "register_verifier",
-           "verifier_names"]
+__all__ = ["Verdict", "Verifier", "SamplingConfig", "GreedyVerifier", "SpeculativeVerifier", "make_verifier",
+           "register_verifier", "verifier_names"]

@@ -27,5 +27,5 @@ class GreedyVerifier:
         depth = drafts.depths_with_root()
         score = torch.where(ok, depth, torch.full_like(depth, -1))
         best = score.argmax(dim=1)  # deepest accepted node (first in topological order on ties)
-        path, acc = path_to_node(par, best, int(depth.max()))
+        path, acc = path_to_node(par, best, drafts.max_depth())  # static depth from the drafter: no host sync
         return Verdict(accepted=acc, path=path, bonus=target.gather(1, best[:, None])[:, 0])
