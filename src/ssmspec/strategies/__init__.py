@@ -4,6 +4,9 @@ from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepI
 from ssmspec.strategies import autoregressive  # noqa: F401  (registers)
 from ssmspec.strategies import stree  # noqa: F401  (registers)
 from ssmspec.strategies import replay  # noqa: F401  (registers)
+from ssmspec.strategies import snapshot  # noqa: F401  (registers)
+from ssmspec.strategies import activation_replay  # noqa: F401  (registers)
+from ssmspec.strategies import joint_attainment  # noqa: F401  (registers)
 
 __all__ = ["MambaParams", "MixerInputs", "SpecConfig", "StepInputs", "StrategyBase", "make_strategy",
            "register_strategy", "strategy_names"]

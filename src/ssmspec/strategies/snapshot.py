@@ -1,0 +1,110 @@
+"""`snapshot`: the baseline vLLM and SGLang ship (seed 000, Alg. 3): one full state snapshot per draft
+position, serial update, and the next step starts from the snapshot of the last accepted token.
+
+Per sequence and layer a pool of state slots; one call of L = 1 + S tokens ([pending, chain]) loads the
+start state from slot ``src`` once, runs the tokens serially and stores the state after token t into its
+own slot (``ssm_multistep_snapshot``). Commit only moves ``src`` to the slot of the last accepted token
+(device-side, no copy): rollback is choosing which snapshot to read next.
+
+Slots: with one chain, 1 + S per sequence and the call's destination slots include the source slot, which
+the fused op reads before it stores (vLLM's layout). With D > 1 chains (one row per chain, seed 001
+Sec. 5.3) all D rows read the same source while each stores its own snapshots, so the pool holds D + 1
+regions of 1 + S slots and row d stores into region (src region + 1 + d) mod (D + 1): no row ever
+overwrites the state another row is still reading, in any kernel schedule.
+
+The conv state is rolled back at commit over the accepted row's cached pre-conv inputs
+(``conv_state_advance``); the conv itself runs over [conv state, call tokens] without updating the state.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.multistep import ssm_multistep_snapshot
+from ssmspec.strategies._chain_rows import accepted_chain, layout_chain_rows
+from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
+                                     register_strategy, run_prefill)
+
+
+@register_strategy("snapshot")
+class Snapshot(StrategyBase):
+    """One state snapshot per draft position (module doc)."""
+
+    @staticmethod
+    def regions(spec: SpecConfig) -> int:
+        """Regions of 1 + S slots per sequence: 1 for one chain, D + 1 for D > 1 chains (module doc)."""
+        return 1 if spec.num_drafts == 1 else spec.num_drafts + 1
+
+    def allocate(self, cfg, batch: int, spec: SpecConfig, device, dtype) -> None:
+        self.check_spec(spec)
+        self.cfg, self.batch, self.spec = cfg, batch, spec
+        n, L, D, Rg = len(cfg.mamba_layers), 1 + spec.draft_len, spec.num_drafts, self.regions(spec)
+        self.conv_state = torch.zeros(n, batch, cfg.conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype)
+        self.ssm_state = None  # the states live in the snapshot pool
+        # (n, B * regions * (1+S), H, P, N) fp32; slot (b*Rg + r)*(1+S) + t = state after token t of region r
+        self.snapshots = torch.zeros(n, batch * Rg * L, cfg.ssm_heads, cfg.head_dim, cfg.state_size,
+                                     device=device, dtype=torch.float32)
+        self.src = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) slot of each start state
+        self.src_region = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) region holding it
+        self.conv_in = torch.zeros(n, batch * D, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
+
+    def max_rows(self, batch: int, spec: SpecConfig) -> int:
+        return batch * spec.num_drafts
+
+    def max_call_len(self, spec: SpecConfig) -> int:
+        return 1 + spec.draft_len
+
+    def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
+        return layout_chain_rows(pending, drafts, seq_len, self.spec, self.name)
+
+    def _home(self) -> Tensor:
+        """(B,) first slot of each sequence's region 0."""
+        return torch.arange(self.batch, device=self.src.device) * self.regions(self.spec) * (1 + self.spec.draft_len)
+
+    def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        """Prompt pass: the final state becomes the snapshot the first decode step starts from."""
+        y, conv, ssm = run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)
+        self.conv_state[p.index].copy_(conv)
+        self.src.copy_(self._home())
+        self.src_region.zero_()
+        self.snapshots[p.index].index_copy_(0, self.src, ssm)
+        return y
+
+    def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        """Serial scan of every row from its sequence's start snapshot, one store per token (Alg. 3)."""
+        i, rows, L = p.index, step.rows, step.length
+        D, Rg, Lmax = self.spec.num_drafts, self.regions(self.spec), 1 + self.spec.draft_len
+        if step.valid is not None:
+            raise ValueError("snapshot does not take pad / no-op tokens in decode calls (StepInputs.valid)")
+        if rows > self.conv_in.shape[1] or L > Lmax:
+            raise ValueError(f"a call of {rows} rows x {L} tokens exceeds what snapshot allocated "
+                             f"({self.conv_in.shape[1]} x {Lmax}); make the drafter's spec match the strategy's")
+        dev = inp.xbc.device
+        seq = torch.arange(rows, device=dev) // (rows // self.batch)  # (B',) sequence of each row
+        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i][seq], p.conv_weight, p.conv_bias,
+                                   activation=p.activation, update_state=False)  # (B', L, conv_dim)
+        self.conv_in[i, :rows, :L] = inp.xbc
+        x, B, C = p.split_xbc(xbc)  # (B', L, H, P), (B', L, G, N) x2
+        d = torch.arange(rows, device=dev) % (rows // self.batch)  # (B',) chain of each row
+        region = (self.src_region[seq] + 1 + d) % Rg if Rg > 1 else torch.zeros_like(d)
+        dst = (seq * Rg + region)[:, None] * Lmax + torch.arange(L, device=dev)[None]  # (B', L)
+        y = ssm_multistep_snapshot(self.snapshots[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias,
+                                   dt_softplus=True, dt_limit=p.dt_limit, src_slot=self.src[seq],
+                                   dst_slots=dst)  # (B', L, H, P)
+        return y.reshape(rows, L, -1)
+
+    def commit(self, verdict, step: StepInputs) -> None:
+        """Point ``src`` at the last accepted token's snapshot; roll the conv state forward over the
+        accepted row's inputs (device-side)."""
+        bsz, D, Rg, Lmax = self.batch, self.spec.num_drafts, self.regions(self.spec), 1 + self.spec.draft_len
+        rows_per_seq = step.rows // bsz
+        d = accepted_chain(verdict, self.spec.draft_len) if rows_per_seq > 1 else torch.zeros_like(verdict.accepted)
+        region = (self.src_region + 1 + d) % Rg if Rg > 1 else self.src_region
+        b = torch.arange(bsz, device=d.device)
+        self.src.copy_((b * Rg + region) * Lmax + verdict.accepted)
+        self.src_region.copy_(region)
+        n, _, _, cdim = self.conv_in.shape
+        row = b * rows_per_seq + d  # (B,) row that verified the accepted chain
+        conv_in = self.conv_in[:, row].reshape(n * bsz, Lmax, cdim)
+        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), conv_in, (verdict.accepted + 1).repeat(n))
