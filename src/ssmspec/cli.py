@@ -1,0 +1,291 @@
+"""Command line: ``python -m ssmspec <command>`` (or the ``ssmspec`` console script).
+
+    run [-m] [--save-reference] [overrides]   run an experiment (Hydra: experiment=<id> key=value ...)
+    plot <id> [--profile P] [--from DIR] [--out PNG]   draw an experiment's figure from results only
+    figures                                   draw every figure that has reference results
+    reproduce [--profile cpu|gpu] [--only ID,...]  run every experiment of the profile, then draw all figures
+    list                                      the registered experiments with titles and profiles
+
+A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
+prints one line starting with ``error:`` and exits with status 2; no run directory is left behind.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from ssmspec import paths
+
+EXIT_USER = 2
+GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment")
+
+
+class _State:
+    """What the Hydra job tells the command around it (same process)."""
+
+    def __init__(self) -> None:
+        self.job_started = False
+        self.created: list[Path] = []  # directories Hydra made for this invocation (removed on failure)
+
+
+_STATE = _State()
+
+
+def _error(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return EXIT_USER
+
+
+# run -----------------------------------------------------------------------------------------------
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (paths.CONF_DIR / group).glob("*.yaml"))
+
+
+def _check_group_overrides(overrides: list[str]) -> None:
+    """Unknown config-group options (experiment=foo, model=nope) fail here with the list of choices."""
+    for ov in overrides:
+        key, eq, value = ov.partition("=")
+        key = key.lstrip("+")
+        if not eq or key not in GROUPS or re.search(r"[()\[\]{}*]", value):
+            continue
+        for option in value.split(","):
+            option = option.strip()
+            if option in ("", "null") and key == "experiment":
+                continue
+            if not (paths.CONF_DIR / key / f"{option}.yaml").is_file():
+                what = {"model": "model preset", "experiment": "experiment"}.get(key, f"{key} config")
+                hint = " (`python -m ssmspec list` shows them)" if key == "experiment" else ""
+                raise ValueError(f"unknown {what} {option!r}; choose one of: {', '.join(_options(key))}{hint}")
+
+
+def _value(overrides: list[str], key: str) -> str | None:
+    for ov in overrides:
+        k, eq, v = ov.partition("=")
+        if eq and k.lstrip("+") == key:
+            return v
+    return None
+
+
+def _quote(path: str) -> str:
+    return path if re.fullmatch(r"[\w./\-+:@]+", path) else "'" + path.replace("'", "\\'") + "'"
+
+
+def _prune_empty(path: Path, stop: Path) -> None:
+    """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
+    path, stop = path.absolute(), stop.absolute()
+    while path != stop and stop in path.parents and path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        path = path.parent
+
+
+def _job(cfg) -> None:
+    """The Hydra task: run the experiment into the job's output directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from ssmspec.runner import UserError, run_experiment
+
+    _STATE.job_started = True
+    hc = HydraConfig.get()
+    out = Path(hc.runtime.output_dir)
+    if cfg.get("results_dir") is None or hc.mode.name == "MULTIRUN":
+        _STATE.created.append(out)
+    if hc.mode.name == "MULTIRUN":
+        _STATE.created.append(Path(hc.sweep.dir).absolute())
+    try:
+        run_experiment(cfg, out, cli_overrides=list(hc.overrides.task))
+    except UserError as e:
+        _cleanup()
+        raise SystemExit(_error(str(e)))
+    except BaseException:
+        _cleanup()
+        raise
+
+
+def _cleanup() -> None:
+    for d in reversed(_STATE.created):
+        if d.is_dir():
+            leftovers = [p for p in d.iterdir() if p.name != "multirun.yaml"]
+            if not leftovers:  # nothing but Hydra's sweep record: no completed run inside
+                (d / "multirun.yaml").unlink(missing_ok=True)
+            _prune_empty(d, Path.cwd() if Path.cwd() in d.absolute().parents else d.parent)
+
+
+def cmd_run(argv: list[str]) -> int:
+    import hydra
+
+    from ssmspec.config import register_configs, resolve_profile
+
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    save_ref = "--save-reference" in argv
+    overrides = [a for a in argv if not a.startswith("-")]
+    flags = [a for a in argv if a.startswith("-") and a != "--save-reference"]
+    try:
+        _check_group_overrides(overrides)
+        exp_id = _value(overrides, "experiment")
+        if not exp_id or exp_id == "null":
+            raise ValueError("no experiment chosen: add experiment=<id> (`python -m ssmspec list` shows the ids)")
+        results_dir = _value(overrides, "results_dir")
+        if save_ref:
+            if multirun or results_dir:
+                raise ValueError("--save-reference writes one run to results/<id>/<profile>; drop -m and results_dir=")
+            if "," in exp_id:
+                raise ValueError("--save-reference takes one experiment")
+            profile = resolve_profile(_value(overrides, "profile") or "auto")
+            overrides = [o for o in overrides if o.partition("=")[0] != "profile"] + [f"profile={profile}"]
+            results_dir = str(paths.RESULTS_DIR / exp_id / profile)
+        if results_dir and results_dir != "null":
+            results_dir = _quote(str(Path(results_dir.strip("'\"")).absolute()))
+            overrides = [o for o in overrides if o.partition("=")[0] != "results_dir"]
+            overrides += [f"results_dir={results_dir}", f"hydra.{'sweep' if multirun else 'run'}.dir={results_dir}"]
+    except ValueError as e:
+        return _error(str(e))
+
+    register_configs()
+    _STATE.__init__()
+    main = hydra.main(version_base="1.3", config_path=str(paths.CONF_DIR), config_name="config")(_job)
+    saved = sys.argv
+    sys.argv = ["ssmspec", *flags, *overrides]
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code and not _STATE.job_started:
+            return EXIT_USER  # Hydra rejected the overrides and printed why
+        return code
+    finally:
+        sys.argv = saved
+    return 0
+
+
+# plot / figures -------------------------------------------------------------------------------------
+def _draw(exp, run_dir: Path, out: Path) -> Path:
+    from ssmspec.registry import read_results
+
+    df = read_results(run_dir)
+    if df.empty:
+        raise ValueError(f"{run_dir}/results.jsonl has no rows")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    exp.plot_fn()(df, out)
+    if not out.is_file():
+        raise RuntimeError(f"plot function {exp.plot} wrote no file at {out}")
+    return out
+
+
+def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = None, out: str | None = None) -> int:
+    from ssmspec.registry import figure_path, get_experiment, reference_dir, reference_profiles
+
+    try:
+        exp = get_experiment(exp_id)
+        if run_dir:
+            target = Path(out) if out else Path(run_dir) / f"{exp_id}.png"
+            print(_draw(exp, Path(run_dir), target))
+            return 0
+        profiles = [profile] if profile else reference_profiles(exp_id)
+        if not profiles:
+            raise ValueError(f"no reference results for {exp_id!r} under {paths.RESULTS_DIR}/{exp_id}/; run "
+                             f"`python -m ssmspec run experiment={exp_id} --save-reference`, or plot a run "
+                             f"with --from runs/...")
+        if out and len(profiles) > 1:
+            raise ValueError("--out names one file: add --profile cpu|gpu")
+        for p in profiles:
+            print(_draw(exp, reference_dir(exp_id, p), Path(out) if out else figure_path(exp_id, p)))
+    except ValueError as e:
+        return _error(str(e))
+    return 0
+
+
+def cmd_figures() -> int:
+    from ssmspec.registry import experiments, reference_profiles
+
+    try:
+        exps = experiments()
+    except ValueError as e:
+        return _error(str(e))
+    status = 0
+    for exp in exps:
+        if not reference_profiles(exp.id):
+            print(f"{exp.id}: no reference results yet (skipped)")
+            continue
+        status = max(status, cmd_plot(exp.id))
+    return status
+
+
+# reproduce / list ----------------------------------------------------------------------------------
+def cmd_reproduce(profile: str | None, only: str | None) -> int:
+    from ssmspec.config import resolve_profile
+    from ssmspec.registry import experiments
+
+    try:
+        profile = resolve_profile(profile or os.environ.get("PROFILE") or "auto")
+        exps = [e for e in experiments() if profile in e.profiles]
+        if only:
+            wanted = [s.strip() for s in only.split(",") if s.strip()]
+            unknown = sorted(set(wanted) - {e.id for e in experiments()})
+            if unknown:
+                raise ValueError(f"unknown experiment(s) {unknown} in --only")
+            exps = [e for e in exps if e.id in wanted]
+    except ValueError as e:
+        return _error(str(e))
+    print(f"reproduce: profile {profile}, {len(exps)} experiment(s): {', '.join(e.id for e in exps) or '-'}")
+    failed = []
+    for exp in exps:
+        print(f"\n=== {exp.id}: {exp.title}", flush=True)
+        cmd = [sys.executable, "-m", "ssmspec", "run", f"experiment={exp.id}", f"profile={profile}", "--save-reference"]
+        if subprocess.call(cmd) != 0:
+            failed.append(exp.id)
+    print("\n=== figures", flush=True)
+    status = cmd_figures()
+    if failed:
+        return _error(f"{len(failed)} experiment(s) failed: {', '.join(failed)} (their older results, if any, are kept)")
+    return status
+
+
+def cmd_list() -> int:
+    from ssmspec.registry import experiments, reference_profiles
+
+    try:
+        exps = experiments()
+    except ValueError as e:
+        return _error(str(e))
+    width = max([len(e.id) for e in exps] + [2])
+    print(f"{'id':<{width}}  {'profiles':<8}  {'gpu?':<4}  {'results':<7}  title")
+    for e in exps:
+        print(f"{e.id:<{width}}  {','.join(e.profiles):<8}  {'yes' if e.needs_gpu else 'no':<4}  "
+              f"{','.join(reference_profiles(e.id)) or '-':<7}  {e.title}")
+    return 0
+
+
+# entry -----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if argv and argv[0] == "run":  # everything after `run` belongs to Hydra
+        return cmd_run(argv[1:])
+    parser = argparse.ArgumentParser(prog="ssmspec", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="run an experiment: run experiment=<id> [-m] [--save-reference] [key=value ...]")
+    p = sub.add_parser("plot", help="draw an experiment's figure from its results")
+    p.add_argument("id")
+    p.add_argument("--profile", choices=["cpu", "gpu"])
+    p.add_argument("--from", dest="run_dir", help="a run directory (default: the reference results)")
+    p.add_argument("--out", help="PNG path (default: results/figures/<id>-<profile>.png, or next to --from)")
+    sub.add_parser("figures", help="draw every figure that has reference results")
+    r = sub.add_parser("reproduce", help="run every experiment of the profile, then draw every figure")
+    r.add_argument("--profile", choices=["cpu", "gpu", "auto"])
+    r.add_argument("--only", help="comma-separated experiment ids")
+    sub.add_parser("list", help="registered experiments")
+    args = parser.parse_args(argv)
+    if args.cmd == "plot":
+        return cmd_plot(args.id, profile=args.profile, run_dir=args.run_dir, out=args.out)
+    if args.cmd == "figures":
+        return cmd_figures()
+    if args.cmd == "reproduce":
+        return cmd_reproduce(args.profile, args.only)
+    return cmd_list()

@@ -1,0 +1,18 @@
+"""Shared look of the figures: a title line naming what the numbers were measured on."""
+from __future__ import annotations
+
+
+def provenance(df) -> str:
+    """'<device> · <dtype> · <weights> weights · <profile> profile' from result columns (those present)."""
+    parts = []
+    for col, fmt in (("device_name", "{}"), ("dtype", "{}"), ("weights", "{} weights"), ("profile", "{} profile")):
+        if col in df.columns:
+            vals = sorted({str(v) for v in df[col].dropna()})
+            if vals:
+                parts.append(fmt.format("/".join(vals)))
+    return " · ".join(parts)
+
+
+def ok_rows(df):
+    """Rows that hold a measurement (drops status skipped / oom)."""
+    return df[df["status"] == "ok"] if "status" in df.columns else df

@@ -1,0 +1,118 @@
+"""The experiment registry and the results layout.
+
+An experiment is ``conf/experiment/<id>.yaml`` (experiments/README.md has the contract); this module
+reads their ``experiment:`` blocks without composing Hydra configs, so listing and plotting stay fast.
+
+Results layout (README "Results"):
+    results/<id>/<profile>/{config.yaml, env.json, results.jsonl}   committed reference run per profile
+    results/figures/<id>-<profile>.png                               its figure, drawn from those rows only
+    runs/<id>/<time>/<overrides>/                                     a user's runs (git-ignored)
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from ssmspec import paths
+
+REQUIRED = ("id", "title", "bench", "plot", "profiles")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str  # file stem of conf/experiment/<id>.yaml (names from shared/FIGURES.md)
+    title: str  # one line for README and plots
+    bench: str  # "module:function" yielding result rows
+    plot: str  # "module:function" drawing one PNG from rows
+    profiles: tuple[str, ...]  # profiles in which `make reproduce` runs it
+    needs_gpu: bool = False  # refuse to run without CUDA
+    path: Path = field(default=Path(), compare=False)
+
+    def bench_fn(self) -> Callable:
+        return load_callable(self.bench, what=f"experiment {self.id!r} bench")
+
+    def plot_fn(self) -> Callable:
+        return load_callable(self.plot, what=f"experiment {self.id!r} plot")
+
+
+def load_callable(spec: str, *, what: str = "callable") -> Callable:
+    """``"package.module:function"`` -> the function; a clear ValueError when it does not exist."""
+    mod_name, sep, fn_name = str(spec).partition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"{what}: {spec!r} is not of the form 'package.module:function'")
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"{what}: cannot import module {mod_name!r} ({e})") from e
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise ValueError(f"{what}: module {mod_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def _read(path: Path) -> Experiment:
+    data = yaml.safe_load(path.read_text()) or {}
+    block = data.get("experiment")
+    if not isinstance(block, dict):
+        raise ValueError(f"{path}: an experiment file needs an `experiment:` block with {', '.join(REQUIRED)}")
+    missing = [k for k in REQUIRED if k not in block]
+    if missing:
+        raise ValueError(f"{path}: experiment block lacks {missing}")
+    if block["id"] != path.stem:
+        raise ValueError(f"{path}: experiment.id {block['id']!r} must equal the file name {path.stem!r}")
+    profiles = tuple(block["profiles"] or ())
+    bad = [p for p in profiles if p not in ("cpu", "gpu")]
+    if bad:
+        raise ValueError(f"{path}: profiles may be cpu and gpu, got {bad}")
+    return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
+                      profiles=profiles, needs_gpu=bool(block.get("needs_gpu", False)), path=path)
+
+
+def experiment_ids() -> list[str]:
+    return sorted(p.stem for p in (paths.CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def get_experiment(exp_id: str) -> Experiment:
+    path = paths.CONF_DIR / "experiment" / f"{exp_id}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown experiment {exp_id!r}; choose one of: {', '.join(experiment_ids()) or '(none)'} "
+                         f"(`python -m ssmspec list` shows them with titles)")
+    return _read(path)
+
+
+def experiments() -> list[Experiment]:
+    return [get_experiment(i) for i in experiment_ids()]
+
+
+# results layout -----------------------------------------------------------------------------------
+def reference_dir(exp_id: str, profile: str) -> Path:
+    return paths.RESULTS_DIR / exp_id / profile
+
+
+def figure_path(exp_id: str, profile: str) -> Path:
+    return paths.RESULTS_DIR / "figures" / f"{exp_id}-{profile}.png"
+
+
+def reference_profiles(exp_id: str) -> list[str]:
+    """Profiles with committed reference results of ``exp_id``."""
+    return [p for p in ("cpu", "gpu") if (reference_dir(exp_id, p) / "results.jsonl").is_file()]
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "results.jsonl"
+    if not path.is_file():
+        raise ValueError(f"no results.jsonl in {run_dir}; run the experiment first (python -m ssmspec run ...)")
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_results(run_dir: Path):
+    """results.jsonl of a run directory as a pandas DataFrame (one row per measurement)."""
+    import pandas as pd
+
+    return pd.DataFrame(read_rows(run_dir))
