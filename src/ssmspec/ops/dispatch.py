@@ -1,19 +1,44 @@
-"""Choosing between a Triton kernel and its pure-PyTorch twin."""
+"""Choosing between a Triton kernel and its pure-PyTorch twin.
+
+Every public op takes ``backend="auto" | "triton" | "reference"``:
+- ``auto``: Triton when every tensor lives on CUDA, the reference otherwise (CPU model and strategy tests
+  stay fast and never touch the interpreter). ``SSMSPEC_OPS_BACKEND=triton|reference`` overrides ``auto``
+  process-wide (e.g. reference kernels on a GPU for an A/B run, or the interpreter for a strategy test);
+  the older ``SSMSPEC_FORCE_REFERENCE=1`` still forces the reference.
+- ``triton``: the kernel; on CPU tensors this needs ``TRITON_INTERPRET=1`` set before the Triton modules
+  are imported (``triton.jit`` decides interpreter mode when the kernel is decorated; tests/ops/conftest.py
+  sets it first). The Triton modules are imported lazily, inside the public functions, for that reason.
+- ``reference``: the naive twin.
+"""
 from __future__ import annotations
 
 import os
 
 import torch
 
+BACKENDS = ("auto", "triton", "reference")
+
 
 def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def use_triton(*tensors: torch.Tensor) -> bool:
-    """Triton runs on CUDA tensors, or on CPU tensors under TRITON_INTERPRET=1 (the tests)."""
-    if os.environ.get("SSMSPEC_FORCE_REFERENCE", "0") == "1":
+def use_triton(*tensors: torch.Tensor | None, backend: str = "auto") -> bool:
+    """True when the op should run its Triton kernel on these tensors (None entries are ignored)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        if os.environ.get("SSMSPEC_FORCE_REFERENCE", "0") == "1":
+            return False
+        backend = os.environ.get("SSMSPEC_OPS_BACKEND", "auto")
+        if backend not in BACKENDS:
+            raise ValueError(f"SSMSPEC_OPS_BACKEND must be one of {BACKENDS}, got {backend!r}")
+    if backend == "reference":
         return False
-    if all(t.is_cuda for t in tensors):
-        return True
-    return interpret_mode()
+    on_cuda = all(t.is_cuda for t in tensors if t is not None)
+    if backend == "auto":
+        return on_cuda
+    if not on_cuda and not interpret_mode():
+        raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before the first "
+                         "import of ssmspec's Triton modules (CPU interpreter); use backend='reference' on CPU")
+    return True

@@ -1,6 +1,40 @@
-"""Causal depthwise conv1d with a carried state (no dependency on the CUDA-only causal-conv1d package)."""
-from ssmspec.ops.causal_conv1d.naive import causal_conv1d_ref
+"""Causal depthwise conv1d with a carried state (no dependency on the CUDA-only causal-conv1d package).
+
+``causal_conv1d`` (prompt pass, returns the new state) stays the reference; the decode-time ops
+``causal_conv1d_update`` (a few tokens over [state, x]) and ``conv_state_advance`` (the rollback offset)
+dispatch Triton on CUDA.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+from ssmspec.ops.causal_conv1d.naive import causal_conv1d_ref, causal_conv1d_update_ref, conv_state_advance_ref
+from ssmspec.ops.dispatch import use_triton
 
 causal_conv1d = causal_conv1d_ref
 
-__all__ = ["causal_conv1d", "causal_conv1d_ref"]
+
+def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                         activation: str | None = "silu", update_state: bool = True, backend: str = "auto") -> Tensor:
+    """Conv over [conv_state, x]: x (B, L, C), conv_state (B, C, W-1) oldest first, weight (C, W), bias (C,);
+    activation 'silu' or None. If ``update_state`` the state becomes the last W-1 inputs (in place).
+    Returns y (B, L, C) in x's dtype."""
+    if use_triton(x, conv_state, weight, backend=backend):
+        from ssmspec.ops.causal_conv1d.triton import causal_conv1d_update_triton
+        return causal_conv1d_update_triton(x, conv_state, weight, bias, activation=activation,
+                                           update_state=update_state)
+    return causal_conv1d_update_ref(x, conv_state, weight, bias, activation=activation, update_state=update_state)
+
+
+def conv_state_advance(conv_state: Tensor, x: Tensor, keep: Tensor, *, backend: str = "auto") -> None:
+    """conv_state (B, C, W-1) becomes, in place, the last W-1 inputs of [conv_state, x[b, :keep[b]]]:
+    x (B, L, C) the call's pre-conv inputs, keep (B,) int in [0, L]. Device-side, no host sync."""
+    if use_triton(conv_state, x, keep, backend=backend):
+        from ssmspec.ops.causal_conv1d.triton import conv_state_advance_triton
+        conv_state_advance_triton(conv_state, x, keep)
+        return
+    conv_state_advance_ref(conv_state, x, keep)
+
+
+__all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
+           "conv_state_advance", "conv_state_advance_ref"]

@@ -22,3 +22,31 @@ def causal_conv1d_ref(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, 
     elif activation not in (None, "identity"):
         raise ValueError(f"unsupported conv activation {activation!r}; use 'silu' or None")
     return y.transpose(1, 2).to(x.dtype), full[..., full.shape[-1] - (W - 1):].clone()
+
+
+def causal_conv1d_update_ref(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                             activation: str | None = "silu", update_state: bool = True) -> Tensor:
+    """Conv of a few decode tokens over [conv_state, x]. x (B, L, C), conv_state (B, C, W-1) oldest first,
+    weight (C, W), bias (C,). If ``update_state`` the state becomes the last W-1 inputs (in place).
+    Returns y (B, L, C) in x's dtype."""
+    W = weight.shape[-1]
+    if x.dim() != 3 or conv_state.shape != (x.shape[0], x.shape[2], W - 1) or weight.shape[0] != x.shape[2]:
+        raise ValueError(f"need x (B, L, C), conv_state (B, C, W-1), weight (C, W); got {tuple(x.shape)}, "
+                         f"{tuple(conv_state.shape)}, {tuple(weight.shape)}")
+    y, new = causal_conv1d_ref(x, weight, bias, state=conv_state, activation=activation)
+    if update_state:
+        conv_state.copy_(new)
+    return y
+
+
+def conv_state_advance_ref(conv_state: Tensor, x: Tensor, keep: Tensor) -> None:
+    """Rollback offset: conv_state (B, C, W-1) becomes, in place, the last W-1 inputs of
+    [conv_state, x[b, :keep[b]]]; x (B, L, C), keep (B,) int in [0, L] (0: unchanged). Device-side."""
+    bsz, L, Cdim = x.shape
+    W1 = conv_state.shape[-1]
+    if conv_state.shape[:2] != (bsz, Cdim) or keep.shape != (bsz,):
+        raise ValueError(f"need conv_state (B, C, W-1) with B={bsz}, C={Cdim} and keep (B,); got "
+                         f"{tuple(conv_state.shape)}, {tuple(keep.shape)}")
+    full = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)  # (B, C, W-1+L)
+    idx = keep.long()[:, None] + torch.arange(W1, device=x.device)[None]  # (B, W-1) columns to keep
+    conv_state.copy_(full.gather(2, idx[:, None, :].expand(-1, Cdim, -1)))
