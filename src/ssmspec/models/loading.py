@@ -1,0 +1,376 @@
+"""Checkpoint loading: Hugging Face ``Mamba2ForCausalLM`` / ``NemotronHForCausalLM`` and mamba_ssm
+``MambaLMHeadModel`` directories (or hub ids) -> ``HybridLM``.
+
+Formats (numbers and field names in shared/MODELS.md, sections 1, 3 and 4):
+
+- HF (``config.json`` with ``model_type`` ``mamba2`` or ``nemotron_h``; weights in ``model.safetensors``,
+  sharded ``model.safetensors.index.json``, or ``pytorch_model.bin``). Keys start with ``backbone.``
+  (what ``save_pretrained`` writes; transformers 5 renames it to ``model.`` in memory, also accepted).
+  NemotronH routed experts are stored one per expert (``experts.{e}.up_proj.weight``) and stacked here
+  into the 3-D ``experts.up_proj`` of ``layers.MoE``.
+- mamba_ssm (``config.json`` with ``d_model``/``n_layer``/``ssm_cfg``; ``pytorch_model.bin`` or
+  safetensors). Same keys as HF Mamba2 except ``backbone.embedding.weight``; every SSM size not in
+  ``ssm_cfg`` is mamba_ssm's ``Mamba2`` default; the vocabulary is padded to ``pad_vocab_size_multiple``.
+
+A checkpoint whose keys or shapes disagree with the config read next to it fails with one ``ValueError``
+naming the keys (missing, unexpected, mismatched shapes) and the fix.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ssmspec.models.config import ModelConfig
+from ssmspec.models.model import HybridLM
+
+log = logging.getLogger(__name__)
+
+# transformers 5 layer-type names (and their legacy spellings) -> our block characters
+_BLOCK_TYPES = {"linear_attention": "M", "mamba": "M", "full_attention": "*", "attention": "*", "mlp": "-",
+                "moe": "E"}
+# mamba_ssm.modules.mamba2.Mamba2 constructor defaults ([F], shared/MODELS.md section 3a)
+MAMBA_SSM_DEFAULTS = {"d_state": 128, "d_conv": 4, "expand": 2, "headdim": 64, "ngroups": 1, "chunk_size": 256,
+                      "bias": False, "conv_bias": True, "dt_limit": (0.0, math.inf), "rmsnorm": True,
+                      "norm_before_gate": False, "D_has_hdim": False, "d_ssm": None, "activation": "swish"}
+# mamba_ssm.models.config_mamba.MambaConfig defaults
+MAMBA_SSM_MODEL_DEFAULTS = {"d_intermediate": 0, "vocab_size": 50277, "attn_layer_idx": [], "rms_norm": True,
+                            "residual_in_fp32": True, "pad_vocab_size_multiple": 8, "tie_embeddings": True}
+# KV-cache length allocated when the checkpoint advertises more (262144 for Nemotron-3-Nano); override
+# with load_model(..., max_seq_len=...)
+DEFAULT_MAX_SEQ_LEN = 8192
+_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
+                 "pytorch_model.bin")
+_IGNORED_PREFIXES = ("mtp.",)  # NemotronH multi-token-prediction heads: transformers skips them too
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+# config ----------------------------------------------------------------------------------------
+def _decode_floats(obj):
+    """transformers 5 writes inf as {"__float__": "Infinity"}; turn such dicts back into floats."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__float__"}:
+            return float(obj["__float__"])
+        return {k: _decode_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_decode_floats(v) for v in obj]
+    return obj
+
+
+def read_config_json(path: str | os.PathLike) -> dict:
+    """The decoded ``config.json`` of a checkpoint directory."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise ValueError(f"{path}: no config.json; a checkpoint directory holds config.json plus its weights "
+                         f"(save_pretrained output or a mamba_ssm checkpoint)")
+    return _decode_floats(json.loads(file.read_text()))
+
+
+def _first_id(value, default: int) -> int:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    return default if value is None else int(value)
+
+
+def _pick(hf: dict, *names, default=None):
+    """First present, non-None field among ``names`` (current name first, then legacy aliases)."""
+    for n in names:
+        if hf.get(n) is not None:
+            return hf[n]
+    return default
+
+
+def config_from_hf(hf: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
+    """Map a transformers ``config.json`` (``mamba2`` or ``nemotron_h``) to our ``ModelConfig``."""
+    mt = hf.get("model_type")
+    common = {"name": name, "vocab_size": int(hf["vocab_size"]), "d_model": int(hf["hidden_size"]),
+              "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
+              "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+              "pad_token_id": _first_id(hf.get("pad_token_id"), 0),
+              "bos_token_id": _first_id(hf.get("bos_token_id"), 0),
+              "eos_token_id": _first_id(hf.get("eos_token_id"), 0)}
+    if mt == "mamba2":
+        heads, hd, hidden = int(hf["num_heads"]), int(hf["head_dim"]), int(hf["hidden_size"])
+        if hidden * hf.get("expand", 2) != heads * hd:  # transformers' validate_architecture
+            raise ValueError(f"{name}: hidden_size*expand ({hidden}*{hf.get('expand', 2)}) != num_heads*head_dim "
+                             f"({heads}*{hd}) in config.json; fix the config so the two agree")
+        lo, hi = hf.get("time_step_limit", (0.0, math.inf))
+        return ModelConfig(**common, family="mamba2", pattern="M" * int(hf["num_hidden_layers"]),
+                           ssm_heads=heads, head_dim=hd, state_size=int(hf["state_size"]),
+                           n_groups=int(hf.get("n_groups", 8)), conv_kernel=int(hf.get("conv_kernel", 4)),
+                           chunk_size=int(hf.get("chunk_size", 256)), dt_min_limit=float(lo), dt_max_limit=float(hi),
+                           conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
+                           mamba_activation=hf.get("hidden_act", "silu"),
+                           residual_in_fp32=bool(hf.get("residual_in_fp32", True)),
+                           max_seq_len=max_seq_len or 4096)
+    if mt == "nemotron_h":
+        return _nemotron_h_config(hf, common, name=name, max_seq_len=max_seq_len)
+    raise ValueError(f"{name}: model_type {mt!r} is not supported; load_model reads mamba2 "
+                     f"(Mamba2ForCausalLM), nemotron_h (NemotronHForCausalLM) and mamba_ssm checkpoints")
+
+
+def _nemotron_h_pattern(hf: dict, name: str) -> str:
+    types = _pick(hf, "layers_block_type", "layer_types")
+    if types is not None:
+        bad = sorted({t for t in types if t not in _BLOCK_TYPES})
+        if bad:
+            raise ValueError(f"{name}: unknown layers_block_type entries {bad}; expected {sorted(_BLOCK_TYPES)}")
+        return "".join(_BLOCK_TYPES[t] for t in types)
+    pattern = hf.get("hybrid_override_pattern")
+    if not pattern:
+        raise ValueError(f"{name}: config.json has neither layers_block_type nor hybrid_override_pattern; "
+                         f"add one (e.g. hybrid_override_pattern: \"M-M*-\")")
+    return pattern
+
+
+def _nemotron_h_config(hf: dict, common: dict, *, name: str, max_seq_len: int | None) -> ModelConfig:
+    if hf.get("moe_latent_size") is not None:
+        raise ValueError(f"{name}: moe_latent_size (latent MoE projections) is not supported by HybridLM")
+    if hf.get("mlp_bias"):
+        raise ValueError(f"{name}: mlp_bias=true is not supported by HybridLM (MLPs have no bias)")
+    act = hf.get("mlp_hidden_act", "relu2")
+    if act != "relu2":
+        raise ValueError(f"{name}: mlp_hidden_act {act!r} is not supported; NemotronH MLPs/experts are relu2")
+    heads = int(hf.get("num_attention_heads", 32))
+    # transformers 5 reads head_dim (default 128); hub configs spell it attention_head_dim
+    attn_hd = int(_pick(hf, "head_dim", "attention_head_dim", default=128))
+    max_pos = int(hf.get("max_position_embeddings", 4096))
+    return ModelConfig(
+        **common, family="nemotron_h", pattern=_nemotron_h_pattern(hf, name),
+        ssm_heads=int(hf.get("mamba_num_heads", 128)), head_dim=int(hf.get("mamba_head_dim", 64)),
+        state_size=int(hf.get("ssm_state_size", 128)), n_groups=int(_pick(hf, "n_groups", "mamba_n_groups", default=8)),
+        conv_kernel=int(_pick(hf, "conv_kernel", "mamba_d_conv", default=4)),
+        chunk_size=int(_pick(hf, "chunk_size", "mamba_chunk_size", default=128)),
+        # transformers clamps dt to (time_step_min, inf) in the chunk scan (and not in its 1-token decode
+        # path, shared/MODELS.md 1b); we clamp in every path
+        dt_min_limit=float(_pick(hf, "time_step_min", "mamba_dt_min", default=1e-3)), dt_max_limit=math.inf,
+        conv_bias=bool(_pick(hf, "use_conv_bias", "mamba_conv_bias", default=True)),
+        proj_bias=bool(hf.get("use_bias", False)),  # transformers builds in_proj/out_proj with use_bias
+        mamba_activation=hf.get("mamba_hidden_act", "silu"),
+        n_heads=heads, n_kv_heads=int(_pick(hf, "num_key_value_heads", default=heads)), attn_head_dim=attn_hd,
+        rope=False, attn_bias=bool(hf.get("attention_bias", False)),
+        mlp_kind="relu2", d_ff=int(hf.get("intermediate_size", 21504)),
+        n_experts=int(hf.get("n_routed_experts", 8)), top_k=int(hf.get("num_experts_per_tok", 2)),
+        moe_d_ff=int(hf.get("moe_intermediate_size", 7688)),
+        shared_d_ff=int(hf.get("moe_shared_expert_intermediate_size", 7688)),
+        routed_scaling=float(hf.get("routed_scaling_factor", 1.0)), norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+        n_expert_groups=int(hf.get("n_group", 1)), topk_groups=int(hf.get("topk_group", 1)),
+        # NemotronHBlock adds the residual in the activation dtype whatever residual_in_fp32 says
+        residual_in_fp32=False,
+        max_seq_len=max_seq_len or min(max_pos, DEFAULT_MAX_SEQ_LEN))
+
+
+def config_from_mamba_ssm(raw: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
+    """Map a mamba_ssm ``MambaConfig`` (config.json of ``MambaLMHeadModel``) to our ``ModelConfig``."""
+    m = {**MAMBA_SSM_MODEL_DEFAULTS, **raw}
+    ssm = {**MAMBA_SSM_DEFAULTS, **(m.get("ssm_cfg") or {})}
+    layer = ssm.pop("layer", "Mamba1")  # mamba_ssm's MambaLMHeadModel defaults to Mamba-1
+    unsupported = []
+    if layer != "Mamba2":
+        unsupported.append(f"ssm_cfg.layer={layer!r} (only Mamba2 mixers)")
+    if m["attn_layer_idx"]:
+        unsupported.append("attn_layer_idx (mamba_ssm MHA blocks)")
+    if m["d_intermediate"]:
+        unsupported.append("d_intermediate > 0 (mamba_ssm GatedMLP blocks)")
+    if not m["rms_norm"]:
+        unsupported.append("rms_norm=false (LayerNorm)")
+    if not ssm["rmsnorm"] or ssm["norm_before_gate"] or ssm["D_has_hdim"]:
+        unsupported.append("ssm_cfg rmsnorm=false / norm_before_gate=true / D_has_hdim=true")
+    d_model, expand, headdim = int(m["d_model"]), int(ssm["expand"]), int(ssm["headdim"])
+    d_inner = expand * d_model
+    if ssm["d_ssm"] not in (None, d_inner):
+        unsupported.append("ssm_cfg.d_ssm != expand*d_model (in_proj MLP part)")
+    if unsupported:
+        raise ValueError(f"{name}: mamba_ssm checkpoint uses {'; '.join(unsupported)}, which HybridLM does not "
+                         f"implement; convert it to a supported layout or use a pure-Mamba2 checkpoint")
+    vocab, mult = int(m["vocab_size"]), int(m["pad_vocab_size_multiple"])
+    if mult > 1 and vocab % mult:
+        vocab += mult - vocab % mult  # MambaLMHeadModel pads the embedding rows
+    lo, hi = ssm["dt_limit"]
+    act = "silu" if ssm["activation"] in ("swish", "silu") else ssm["activation"]
+    return ModelConfig(name=name, family="mamba2", d_model=d_model, pattern="M" * int(m["n_layer"]),
+                       vocab_size=vocab, ssm_heads=d_inner // headdim, head_dim=headdim,
+                       state_size=int(ssm["d_state"]), n_groups=int(ssm["ngroups"]), conv_kernel=int(ssm["d_conv"]),
+                       chunk_size=int(ssm["chunk_size"]), dt_min_limit=float(lo), dt_max_limit=float(hi),
+                       conv_bias=bool(ssm["conv_bias"]), proj_bias=bool(ssm["bias"]), mamba_activation=act,
+                       norm_eps=float(m.get("norm_epsilon", 1e-5)), tie_embeddings=bool(m["tie_embeddings"]),
+                       residual_in_fp32=bool(m["residual_in_fp32"]), max_seq_len=max_seq_len or 4096,
+                       pad_token_id=0, bos_token_id=0, eos_token_id=0)
+
+
+def checkpoint_format(raw: dict) -> str:
+    """``hf`` or ``mamba_ssm`` from a decoded config.json."""
+    if "model_type" in raw:
+        return "hf"
+    if "d_model" in raw and "n_layer" in raw:
+        return "mamba_ssm"
+    raise ValueError("config.json is neither a transformers config (model_type) nor a mamba_ssm MambaConfig "
+                     "(d_model, n_layer, ssm_cfg); point load_model at a Mamba2/NemotronH checkpoint directory")
+
+
+def config_from_checkpoint(path: str | os.PathLike, *, max_seq_len: int | None = None) -> ModelConfig:
+    """The ``ModelConfig`` of a checkpoint directory (either format)."""
+    raw = read_config_json(path)
+    name = Path(path).name
+    if checkpoint_format(raw) == "hf":
+        cfg = config_from_hf(raw, name=name, max_seq_len=max_seq_len)
+    else:
+        cfg = config_from_mamba_ssm(raw, name=name, max_seq_len=max_seq_len)
+    return cfg.replace(source=f"checkpoint {path}")
+
+
+# weights ---------------------------------------------------------------------------------------
+def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """All tensors of a checkpoint directory (safetensors, sharded or not, else pytorch_model.bin)."""
+    path = Path(path)
+    found = next((path / f for f in _WEIGHT_FILES if (path / f).is_file()), None)
+    if found is None:
+        raise ValueError(f"{path}: no weights found (looked for {', '.join(_WEIGHT_FILES)}); save the model with "
+                         f"save_pretrained or copy the checkpoint's weight files next to config.json")
+    if found.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(found.read_text())["weight_map"].values()))
+        files = [path / s for s in shards]
+    else:
+        files = [found]
+    sd: dict[str, Tensor] = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            sd.update(load_file(str(f)))
+        else:
+            sd.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+    return sd
+
+
+def convert_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    """Checkpoint keys -> ``HybridLM`` keys: strip ``backbone.``/``model.``, rename mamba_ssm's
+    ``embedding``, stack per-expert NemotronH weights into (E, ...) tensors, drop a tied ``lm_head``
+    and keys transformers ignores too (``mtp.*``, rotary buffers)."""
+    out: dict[str, Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, Tensor]] = {}
+    for key, t in sd.items():
+        k = key
+        for prefix in ("backbone.", "model."):
+            if k.startswith(prefix):
+                k = k[len(prefix):]
+                break
+        if k.startswith(_IGNORED_PREFIXES) or k.endswith(_IGNORED_SUFFIXES):
+            continue
+        if k == "embedding.weight":
+            k = "embeddings.weight"
+        parts = k.split(".")
+        # layers.N.mixer.experts.E.{up,down}_proj.weight -> layers.N.mixer.experts.{up,down}_proj[E]
+        if len(parts) == 7 and parts[3] == "experts" and parts[4].isdigit() and parts[6] == "weight":
+            experts.setdefault((".".join(parts[:4]), parts[5]), {})[int(parts[4])] = t
+            continue
+        out[k] = t
+    for (base, proj), per in experts.items():
+        if sorted(per) != list(range(len(per))):
+            raise ValueError(f"checkpoint has experts {sorted(per)} under {base}.*.{proj}: expert indices must be "
+                             f"0..E-1; the checkpoint is incomplete (re-download all shards)")
+        out[f"{base}.{proj}"] = torch.stack([per[e] for e in range(len(per))])  # (E, out, in)
+    if cfg.tie_embeddings:
+        out.pop("lm_head.weight", None)  # same matrix as the embedding (mamba_ssm saves both)
+    return out
+
+
+def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if cfg.tie_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def _listing(items: list[str], limit: int = 12) -> str:
+    more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def check_state_dict(sd: dict[str, Tensor], cfg: ModelConfig, *, where: str = "checkpoint") -> None:
+    """Raise one ``ValueError`` naming every missing / unexpected key and shape mismatch."""
+    expected = _expected_shapes(cfg)
+    missing = sorted(set(expected) - set(sd))
+    unexpected = sorted(set(sd) - set(expected))
+    mismatched = sorted(f"{k} {tuple(sd[k].shape)} vs {expected[k]}" for k in set(sd) & set(expected)
+                        if tuple(sd[k].shape) != expected[k])
+    if not (missing or unexpected or mismatched):
+        return
+    head = (f"{where} does not match its config ({cfg.family}, pattern {cfg.pattern!r}, d_model {cfg.d_model}, "
+            f"vocab {cfg.vocab_size}):")
+    lines = [head]
+    if missing:
+        lines.append(f"  missing keys ({len(missing)}): {_listing(missing)}")
+    if unexpected:
+        lines.append(f"  unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
+    if mismatched:
+        lines.append(f"  shape mismatches, checkpoint vs config ({len(mismatched)}): {_listing(mismatched)}")
+    lines.append("Fix: make config.json describe these weights (layer pattern, head counts, sizes, vocab_size, "
+                 "tie_word_embeddings), or re-save the checkpoint with save_pretrained / re-download all shards.")
+    raise ValueError("\n".join(lines))
+
+
+# entry point ------------------------------------------------------------------------------------
+def resolve_checkpoint(path_or_hub_id: str | os.PathLike) -> Path:
+    """A local checkpoint directory: the path itself, or a hub snapshot fetched via huggingface_hub."""
+    p = Path(path_or_hub_id).expanduser()
+    if p.is_dir():
+        return p
+    ref = str(path_or_hub_id)
+    if p.exists() or ref.startswith((".", "/", "~")) or ref.count("/") != 1:
+        raise ValueError(f"checkpoint {ref!r} is not a directory nor a hub id (owner/name); pass the directory "
+                         f"that holds config.json and the weights")
+    from huggingface_hub import snapshot_download
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+    try:
+        return Path(snapshot_download(ref, local_files_only=offline,
+                                      allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
+    except Exception as err:  # noqa: BLE001  (offline, unreachable hub, gated or unknown repo)
+        raise ValueError(
+            f"could not fetch {ref!r} from the Hugging Face hub ({type(err).__name__}: {err}). Without hub access, "
+            f"download it on a machine with network (`huggingface-cli download {ref} --local-dir DIR`), copy DIR "
+            f"here and pass its local path: load_model('DIR')") from None
+
+
+def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.dtype = torch.float32,
+               max_seq_len: int | None = None) -> HybridLM:
+    """A ``HybridLM`` with the weights of a Mamba2 / NemotronH (HF) or mamba_ssm checkpoint.
+
+    ``path_or_hub_id``: a directory with config.json + weights, or a hub id (needs network or the local
+    hub cache). ``dtype``: parameter dtype (the router's correction bias stays fp32, as in
+    transformers). ``max_seq_len``: KV-cache slots for attention blocks (default: the checkpoint's
+    max_position_embeddings, at most 8192). ``model.cfg.source`` records the directory, which
+    ``ssmspec.data.load_tokenizer`` uses to find the checkpoint's tokenizer.
+    """
+    path = resolve_checkpoint(path_or_hub_id)
+    cfg = config_from_checkpoint(path, max_seq_len=max_seq_len)
+    sd = convert_state_dict(read_state_dict(path), cfg)
+    check_state_dict(sd, cfg, where=f"checkpoint {path}")
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    model.load_state_dict(sd, strict=False, assign=True)  # keys were checked above; tied lm_head is absent
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embeddings.weight
+    model = model.to(device=device, dtype=dtype)
+    for block in model.layers:
+        if block.kind == "E":
+            block.mixer.gate.e_score_correction_bias.data = block.mixer.gate.e_score_correction_bias.float()
+    log.info("loaded %s (%s, %d params) from %s", cfg.name, cfg.family, cfg.num_parameters(), path)
+    return model.eval()
+
+
+def checkpoint_dir(model_or_cfg) -> Path | None:
+    """The directory a model was loaded from (``load_model`` records it in ``cfg.source``); None for a
+    model with random weights."""
+    cfg = getattr(model_or_cfg, "cfg", model_or_cfg)
+    prefix = "checkpoint "
+    if isinstance(cfg.source, str) and cfg.source.startswith(prefix):
+        return Path(cfg.source[len(prefix):])
+    return None
