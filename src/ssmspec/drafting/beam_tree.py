@@ -1,0 +1,63 @@
+"""`beam_tree`: the beam-search token tree of seed 003 (section 5.1 and appendix C).
+
+The draft model runs a beam search of ``beams`` (M) beams for ``depth`` (N) steps from the pending token,
+scoring beams by summed log-probability, and *every* beam's token of every step is kept even if that beam
+is later dropped: an N-layer tree with M tokens per layer (T = N*M nodes). Layer k's node j is node
+1 + (k-1)*M + j; its parent is the layer k-1 beam it extended (the root for layer 1). Beam search is
+deterministic, so ``q`` is None (one-hot under speculative sampling, which stays exact).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.registry import DrafterBase, register_drafter
+from ssmspec.drafting.runner import ModelDrafterBase
+from ssmspec.strategies.base import SpecConfig
+
+
+@register_drafter("beam_tree")
+class BeamTree(ModelDrafterBase, DrafterBase):
+    """N x M beam-search tree from ``draft`` (module doc)."""
+
+    is_tree = True
+    tree_options = "beams (M tokens per layer) and depth (N layers)"
+
+    def __init__(self, *, draft="mamba2-130m", beams: int = 3, depth: int = 4, seed: int = 0,
+                 dtype: str | None = None) -> None:
+        super().__init__()
+        if beams < 1 or depth < 1:
+            raise ValueError(f"beam_tree needs beams >= 1 and depth >= 1, got beams={beams}, depth={depth}")
+        self.M, self.N = beams, depth
+        self.spec = SpecConfig(draft_len=depth, tree_size=depth * beams)
+        opts = self._init_draft(draft, seed=seed, dtype=dtype)
+        self._record(**opts, beams=beams, depth=depth)
+
+    def reset(self, prompts, *, batch: int, device) -> None:
+        self.device = torch.device(device)
+        self.runner = self._runner(device, max_depth=self.N)
+        self.runner.reset([list(p) for p in prompts])
+        if self.runner.model.cfg.vocab_size < self.M:
+            raise ValueError(f"beam_tree with {self.M} beams needs a vocabulary of at least {self.M} tokens")
+
+    @torch.no_grad()
+    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+        run, M, N = self.runner, self.M, self.N
+        logp = torch.log_softmax(run.absorb(history).float(), dim=-1)  # (B, V) at the root
+        bsz, V = logp.shape
+        scores, tok = logp.topk(M, dim=-1)  # (B, M) layer 1: the M most likely tokens
+        layers = [tok]
+        parents = [torch.zeros_like(tok)]
+        run.begin(M)
+        base = torch.arange(bsz, device=tok.device)[:, None] * M  # (B, 1) first scratch row of each sequence
+        for k in range(2, N + 1):
+            logits = run.step(tok.reshape(-1), depth=k - 1)  # (B*M, V) after each layer k-1 beam
+            cand = scores[..., None] + torch.log_softmax(logits.float(), dim=-1).reshape(bsz, M, V)  # (B, M, V)
+            scores, flat = cand.reshape(bsz, M * V).topk(M, dim=-1)  # (B, M) best M extensions
+            beam, tok = flat // V, flat % V  # parent beam in layer k-1, token
+            run.reorder((base + beam).reshape(-1))  # rows follow their parent beam
+            layers.append(tok)
+            parents.append(1 + (k - 2) * M + beam)  # node number of the parent beam
+        tokens = torch.cat(layers, dim=1).to(self.device)  # (B, N*M)
+        return DraftTree(tokens, torch.cat(parents, dim=1).to(self.device), None, 0, N)

@@ -1,0 +1,69 @@
+"""`draft_model`: chains from a small draft HybridLM (e.g. mamba2-130m drafting for mamba2-2.7b).
+
+Each step the draft model absorbs the tokens it has not seen (the accepted drafts and the pending token;
+``drafting/runner.py``), then continues ``draft_len`` tokens from scratch copies of its state, so a
+rejected draft never needs rolling back. Greedy (``temperature=0``): the drafts are the draft model's
+own greedy continuation of the committed prefix, and ``q`` is None (one-hot for the verifiers). With
+``temperature > 0`` each token is sampled from the draft distribution (temperature / top-k / top-p) and
+that distribution is recorded in ``DraftTree.q`` for speculative sampling; ``num_drafts`` chains are
+then independent samples (identical under greedy drafting, so refused there: use ``beam_tree``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.registry import DrafterBase, register_drafter
+from ssmspec.drafting.runner import ModelDrafterBase
+from ssmspec.strategies.base import SpecConfig
+from ssmspec.verify.distributions import SamplingConfig, sample, target_probs
+
+
+@register_drafter("draft_model")
+class DraftModel(ModelDrafterBase, DrafterBase):
+    """``num_drafts`` chains of ``draft_len`` tokens from ``draft`` (module doc)."""
+
+    def __init__(self, *, draft="mamba2-130m", draft_len: int = 4, num_drafts: int = 1, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, sample_seed: int = 0, seed: int = 0,
+                 dtype: str | None = None) -> None:
+        super().__init__()
+        if draft_len < 1 or num_drafts < 1:
+            raise ValueError(f"draft_model needs draft_len >= 1 and num_drafts >= 1, got {draft_len}, {num_drafts} "
+                             f"(no speculation: use drafter=none)")
+        self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=sample_seed)
+        if num_drafts > 1 and self.sampling.greedy:
+            raise ValueError(f"num_drafts={num_drafts} greedy chains of one draft model are identical; sample them "
+                             f"(temperature > 0) or draft a tree (beam_tree / static_tree)")
+        self.S, self.D = draft_len, num_drafts
+        self.spec = SpecConfig(draft_len=draft_len, num_drafts=num_drafts)
+        opts = self._init_draft(draft, seed=seed, dtype=dtype)
+        self._record(**opts, draft_len=draft_len, num_drafts=num_drafts, temperature=temperature, top_p=top_p,
+                     top_k=top_k, sample_seed=sample_seed)
+
+    def reset(self, prompts, *, batch: int, device) -> None:
+        self.device = torch.device(device)
+        self.runner = self._runner(device, max_depth=self.S)
+        self.runner.reset([list(p) for p in prompts])
+        self.gen = torch.Generator(device=self.runner.model.device).manual_seed(self.sampling.seed)
+
+    @torch.no_grad()
+    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+        run, S, D = self.runner, self.S, self.D
+        logits = run.absorb(history).repeat_interleave(D, dim=0)  # (B*D, V) at the root of each chain
+        run.begin(D)
+        toks, qs = [], []
+        for k in range(1, S + 1):
+            if self.sampling.greedy:
+                t = logits.argmax(-1)  # (B*D,)
+            else:
+                probs = target_probs(logits, self.sampling)  # (B*D, V)
+                t = sample(probs, self.gen)
+                qs.append(probs)
+            toks.append(t)
+            if k < S:
+                logits = run.step(t, depth=k)
+        bsz = len(history)
+        tokens = torch.stack(toks, dim=1).reshape(bsz, D, S).to(self.device)
+        q = torch.stack(qs, dim=1).reshape(bsz, D, S, -1).to(self.device) if qs else None
+        return DraftTree.from_chains(tokens, q)

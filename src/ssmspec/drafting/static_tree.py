@@ -1,0 +1,124 @@
+"""`static_tree`: a fixed tree shape filled by a draft model's top-k tokens (seed 003, Fig. 4a, Fig. 5,
+Table 4).
+
+A shape is a parents list (node i >= 1 has parent ``parents[i-1]``, a smaller node number; 0 is the pending
+token). The children of a node, in order, get the draft model's most likely, second most likely, ...
+token at that node. Drafting runs one draft-model call per layer that has children, one scratch row per
+node of the layer. Deterministic, so ``q`` is None.
+
+Seed 003's shapes are figures not reproduced in its text; ``SHAPES`` rebuilds them from Table 4's width,
+depth and token count (tokens include the root): A (width 3, depth 4, 13) is Fig. 4a's "4 steps, 3 tokens
+per layer"; B (16, 3, 29); C (6, 3, 16); D (4, 4, 13: A's size, different connectivity); E (3, 5, 16: A one
+layer deeper). Within those numbers, more children go to more likely parents.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.registry import DrafterBase, register_drafter
+from ssmspec.drafting.runner import ModelDrafterBase
+from ssmspec.strategies.base import SpecConfig
+
+SHAPES: dict[str, list[int]] = {
+    # layer 1: root's top-3 | layer 2: top-2 of n1, top-1 of n2 | layers 3, 4: the same under n4 / n7
+    "A": [0, 0, 0, 1, 1, 2, 4, 4, 5, 7, 7, 8],
+    # layer 1: top-4 | layer 2: top-4 of each | layer 3: top-4 of n5, top-2 of n6 and of n9
+    "B": [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 9, 9],
+    # layer 1: top-3 | layer 2: 3, 2, 1 children | layer 3: 3, 2, 1 children under n4, n5, n7
+    "C": [0, 0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 4, 5, 5, 7],
+    # layer 1: top-4 | layer 2: 2, 1, 1 children | layers 3, 4: top-2 under the first node
+    "D": [0, 0, 0, 0, 1, 1, 2, 3, 5, 5, 9, 9],
+    # A with a fifth layer
+    "E": [0, 0, 0, 1, 1, 2, 4, 4, 5, 7, 7, 8, 10, 10, 11],
+}
+
+
+def check_parents(parents: list[int]) -> list[int]:
+    """Validate a parents list (topological: parent of node i is in 0 .. i-1); returns depths with root."""
+    if not parents:
+        raise ValueError("a tree shape needs at least one node")
+    depth = [0]
+    for i, p in enumerate(parents, start=1):
+        if not (isinstance(p, int) and 0 <= p < i):
+            raise ValueError(f"tree shape: node {i} has parent {p!r}; parents must be ints in 0..{i - 1} "
+                             f"(topological order, 0 = the pending token)")
+        depth.append(depth[p] + 1)
+    return depth
+
+
+def resolve_shape(shape) -> list[int]:
+    """A shape name of ``SHAPES`` or an explicit parents list."""
+    if isinstance(shape, str):
+        if shape not in SHAPES:
+            raise ValueError(f"unknown static tree shape {shape!r}; choose one of {sorted(SHAPES)} or give a "
+                             f"parents list")
+        return list(SHAPES[shape])
+    return list(shape)
+
+
+@register_drafter("static_tree")
+class StaticTree(ModelDrafterBase, DrafterBase):
+    """A fixed ``shape`` whose nodes take the draft model's top-k tokens (module doc)."""
+
+    is_tree = True
+    tree_options = "shape (a SHAPES name A-E or a parents list)"
+
+    def __init__(self, *, draft="mamba2-130m", shape="A", seed: int = 0, dtype: str | None = None) -> None:
+        super().__init__()
+        parents = resolve_shape(shape)
+        depth = check_parents(parents)
+        self.parents = parents
+        self.S = max(depth)
+        self.spec = SpecConfig(draft_len=self.S, tree_size=len(parents))
+        # per node: layer, slot within its layer, rank among its siblings
+        self.layers: list[list[int]] = [[0]] + [[] for _ in range(self.S)]
+        slot, rank, kids = [0], [0], [0] * (len(parents) + 1)
+        for i, p in enumerate(parents, start=1):
+            slot.append(len(self.layers[depth[i]]))
+            self.layers[depth[i]].append(i)
+            rank.append(kids[p])
+            kids[p] += 1
+        self.slot, self.rank, self.depth = slot, rank, depth
+        self.width = max(len(layer) for layer in self.layers)
+        self.kmax = max(kids)
+        opts = self._init_draft(draft, seed=seed, dtype=dtype)
+        self._record(**opts, shape=shape if isinstance(shape, str) else parents)
+
+    def reset(self, prompts, *, batch: int, device) -> None:
+        self.device = torch.device(device)
+        self.runner = self._runner(device, max_depth=self.S)
+        self.runner.reset([list(p) for p in prompts])
+        if self.runner.model.cfg.vocab_size < self.kmax:
+            raise ValueError(f"shape has a node with {self.kmax} children but the draft vocabulary has "
+                             f"{self.runner.model.cfg.vocab_size} tokens")
+
+    @torch.no_grad()
+    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+        run, W = self.runner, self.width
+        root = run.absorb(history)  # (B, V)
+        bsz = root.shape[0]
+        dev = root.device
+        base = torch.arange(bsz, device=dev)[:, None] * W  # (B, 1) first scratch row per sequence
+        tokens = torch.zeros(bsz, len(self.parents), dtype=torch.long, device=dev)
+        top = root.topk(self.kmax, dim=-1).indices[:, None]  # (B, 1, kmax) ranked tokens per layer-0 slot
+        run.begin(W)
+        for d in range(1, self.S + 1):
+            layer = self.layers[d]
+            par_slot = torch.tensor([self.slot[self.parents[i - 1]] for i in layer], device=dev)  # (n_d,)
+            rank = torch.tensor([self.rank[i] for i in layer], device=dev)
+            tok = top[:, par_slot, rank]  # (B, n_d) each node's ranked token at its parent
+            tokens[:, torch.tensor(layer, device=dev) - 1] = tok
+            if d == self.S:
+                break
+            # rows of layer d: slot j continues from its parent's row, then feeds node j's token
+            src = torch.zeros(W, dtype=torch.long, device=dev)
+            src[:len(layer)] = par_slot
+            run.reorder((base + src[None]).reshape(-1))
+            feed = torch.zeros(bsz, W, dtype=torch.long, device=dev)
+            feed[:, :len(layer)] = tok
+            logits = run.step(feed.reshape(-1), depth=d).reshape(bsz, W, -1)  # (B, W, V)
+            top = logits.topk(self.kmax, dim=-1).indices  # (B, W, kmax)
+        return DraftTree(tokens.to(self.device), torch.tensor(self.parents, device=self.device).expand(bsz, -1)
+                         .contiguous(), None, 0, self.S)

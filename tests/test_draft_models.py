@@ -1,0 +1,188 @@
+"""Model-based drafters (float64, tiny presets): the draft-model drafter proposes exactly the draft
+model's own greedy continuation, also after partial acceptance and after a bonus it did not predict;
+beam-search and static trees equal a brute-force search over independent full forwards; every drafter
+runs inside generate() and keeps greedy decoding lossless."""
+import pytest
+import torch
+
+from ssmspec.drafting import make_drafter
+from ssmspec.engine.context import RunContext
+from ssmspec.engine.generate import generate
+from ssmspec.models.config import load_preset
+from ssmspec.models.kv_cache import KVCache
+from ssmspec.models.model import build_model
+from ssmspec.strategies import SpecConfig, StepInputs, make_strategy, strategy_names
+from ssmspec.verify import SamplingConfig
+
+PROMPTS = [[5, 17, 33, 8, 5, 17], [9, 10, 11]]
+NEW = 14
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models; avoid oversubscribing the cores xdist workers share
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid"])
+def models(request):
+    cfg = load_preset(request.param)
+    draft = build_model(cfg, seed=1, dtype=torch.float64)
+    target = build_model(cfg, seed=0, dtype=torch.float64)
+    ref = generate(draft, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
+    return draft, target, ref
+
+
+def next_logits(model, tokens: list[int]) -> torch.Tensor:
+    """(V,) logits after ``tokens``, from one fresh prefill (independent of the drafters' stepping)."""
+    cfg = model.cfg
+    strat = make_strategy("autoregressive")
+    strat.allocate(cfg, 1, SpecConfig(), model.device, model.dtype)
+    kv = [KVCache(1, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=1, max_new=len(tokens),
+                  device=model.device, dtype=model.dtype) for _ in cfg.attention_layers]
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        return model(ids, RunContext(strat, kv, StepInputs(ids, torch.arange(len(tokens))[None], prefill=True)))[0, -1]
+
+
+def test_draft_model_chain_is_its_greedy_continuation_after_partial_acceptance(models):
+    draft, _, ref = models
+    S = 4
+    d = make_drafter("draft_model", draft=draft, draft_len=S)
+    d.reset(PROMPTS, batch=2, device="cpu")
+    k = [1, 1]  # tokens emitted so far (pending included), both along the reference
+    for accept in [(0, 4), (2, 1), (4, 0), (1, 3)]:  # accepted drafts per sequence, then a correct bonus
+        hist = [p + r[:n] for p, r, n in zip(PROMPTS, ref, k)]
+        tree = d.propose(hist, torch.tensor([h[-1] for h in hist]))
+        assert tree.num_chains == 1 and tree.q is None and tree.max_depth() == S
+        assert tree.chains()[:, 0].tolist() == [r[n:n + S] for r, n in zip(ref, k)]
+        k = [n + a + 1 for n, a in zip(k, accept)]
+    # a bonus the draft did not predict: the drafts continue the new history greedily
+    hist = [p + r[:n] for p, r, n in zip(PROMPTS, ref, k)]
+    hist = [h + [(h[-1] * 7 + 3) % 300] if b == 0 else h for b, h in enumerate(hist)]
+    tree = d.propose(hist, torch.tensor([h[-1] for h in hist]))
+    expect = generate(draft, [hist[0]], max_new_tokens=S, strategy="autoregressive", timing=False).sequences[0]
+    assert tree.chains()[0, 0].tolist() == expect
+
+
+def test_runner_logits_match_fresh_forwards(models):
+    """Absorbing ragged catch-ups (right padding masked), scratch steps and beam reordering give the
+    draft model's logits after each row's path, as one fresh prefill does (fp64 model, fp32 states)."""
+    draft, _, ref = models
+    d = make_drafter("draft_model", draft=draft, draft_len=3)
+    d.reset(PROMPTS, batch=2, device="cpu")
+    run = d.runner
+    for k in [(1, 1), (2, 6), (7, 8), (8, 12)]:  # catch-ups of different lengths per sequence
+        hist = [p + r[:n] for p, r, n in zip(PROMPTS, ref, k)]
+        root = run.absorb(hist)
+        for b in range(2):
+            torch.testing.assert_close(root[b], next_logits(draft, hist[b]), atol=1e-6, rtol=0)
+    run.begin(2)  # rows (b, w) = 2b + w
+    paths = [[[3], [4]], [[5], [6]]]
+    out = run.step(torch.tensor([3, 4, 5, 6]), depth=1)
+    run.reorder(torch.tensor([1, 0, 2, 2]))  # swap sequence 0's rows, copy sequence 1's first
+    paths = [[paths[0][1], paths[0][0]], [paths[1][0], paths[1][0]]]
+    nxt = torch.tensor([7, 8, 9, 10])
+    out = run.step(nxt, depth=2)
+    out = run.step(torch.tensor([11, 12, 13, 14]), depth=3)
+    for r in range(4):
+        b, w = divmod(r, 2)
+        path = paths[b][w] + [int(nxt[r]), 11 + r]
+        torch.testing.assert_close(out[r], next_logits(draft, hist[b] + path), atol=1e-6, rtol=0)
+
+
+def test_sampled_draft_model_records_q(models):
+    draft, _, _ = models
+    d = make_drafter("draft_model", draft=draft, draft_len=3, num_drafts=2, temperature=1.0, top_k=20, sample_seed=4)
+    d.reset(PROMPTS, batch=2, device="cpu")
+    hist = [p + [7] for p in PROMPTS]
+    tree = d.propose(hist, torch.tensor([7, 7]))
+    assert tree.q.shape == (2, 6, draft.cfg.vocab_size) and tree.num_chains == 2
+    assert torch.allclose(tree.q.sum(-1), torch.ones(2, 6, dtype=tree.q.dtype))
+    assert ((tree.q > 0).sum(-1) == 20).all()  # top-k 20
+    assert (tree.q.gather(2, tree.tokens[..., None]) > 0).all()  # every token drawn from its q
+    first = torch.softmax(next_logits(draft, hist[1]).float(), -1)
+    top = first.topk(20)
+    expect = torch.zeros_like(first).scatter(0, top.indices, top.values / top.values.sum())
+    assert torch.allclose(tree.q[1, 0].float(), expect, atol=1e-5)
+
+
+def test_beam_tree_is_an_n_by_m_beam_search(models):
+    draft, _, ref = models
+    M, N = 3, 3
+    d = make_drafter("beam_tree", draft=draft, beams=M, depth=N)
+    assert d.is_tree and d.spec.tree_size == M * N and d.spec.draft_len == N
+    d.reset(PROMPTS, batch=2, device="cpu")
+    hist = [p + r[:2] for p, r in zip(PROMPTS, ref)]
+    tree = d.propose(hist, torch.tensor([h[-1] for h in hist]))
+    assert tree.tokens.shape == (2, M * N) and tree.max_depth() == N
+    layer = torch.arange(M * N) // M  # layer of each node - 1
+    assert (tree.parents[:, :M] == 0).all()
+    lo, hi = 1 + (layer[M:] - 1) * M, 1 + layer[M:] * M  # parents lie in the previous layer
+    assert ((tree.parents[:, M:] >= lo) & (tree.parents[:, M:] < hi)).all()
+    assert torch.equal(tree.depths_with_root()[:, 1:] - 1, layer.expand(2, -1))
+    for b in range(2):  # brute force: beam search over independent forwards
+        beams = [([], 0.0)]
+        nodes = []
+        for k in range(N):
+            cand = []
+            for j, (path, score) in enumerate(beams):
+                lp = torch.log_softmax(next_logits(draft, hist[b] + path).float(), -1)
+                cand += [(score + lp[t].item(), j, t) for t in range(lp.numel())]
+            cand.sort(key=lambda c: -c[0])
+            top = cand[:M]
+            nodes += [(0 if k == 0 else 1 + (k - 1) * M + j, t) for _, j, t in top]
+            beams = [(beams[j][0] + [t], s) for s, j, t in top]
+        assert tree.tokens[b].tolist() == [t for _, t in nodes]
+        assert tree.parents[b].tolist() == [p for p, _ in nodes]
+
+
+def test_static_tree_takes_ranked_tokens(models):
+    draft, _, ref = models
+    parents = [0, 0, 1, 1, 1, 2, 3]
+    d = make_drafter("static_tree", draft=draft, shape=parents)
+    d.reset(PROMPTS, batch=2, device="cpu")
+    hist = [p + r[:3] for p, r in zip(PROMPTS, ref)]
+    tree = d.propose(hist, torch.tensor([h[-1] for h in hist]))
+    assert tree.parents.tolist() == [parents] * 2
+    for b in range(2):
+        toks = [None] + tree.tokens[b].tolist()
+        rank = {}
+        for i, p in enumerate(parents, start=1):
+            path, n = [], p
+            while n:
+                path.insert(0, toks[n])
+                n = parents[n - 1]
+            r = rank[p] = rank.get(p, -1) + 1
+            assert toks[i] == next_logits(draft, hist[b] + path).topk(r + 1).indices[r].item()
+
+
+@pytest.mark.skipif("stree" not in strategy_names(), reason="needs a tree-verifying strategy")
+@pytest.mark.parametrize("name,opts", [("draft_model", dict(draft_len=3)), ("beam_tree", dict(beams=2, depth=3)),
+                                       ("static_tree", dict(shape="A")), ("png", dict(num_drafts=2, draft_len=3))],
+                         ids=["draft_model", "beam_tree", "static_tree", "png"])
+def test_drafters_in_generate_are_lossless(models, name, opts):
+    draft, target, _ = models
+    want = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
+    d = make_drafter(name, **({"draft": draft} if name != "png" else {}), **opts)
+    out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=d, timing=False)
+    assert out.sequences == want
+    if name == "draft_model":  # the target drafting for itself: every draft accepted
+        d = make_drafter(name, draft=target, **opts)
+        out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=d, timing=False)
+        assert out.sequences == want and all(a == 3 for s in out.steps[1:-1] for a in s.accepted)
+
+
+@pytest.mark.skipif("stree" not in strategy_names(), reason="needs a tree-verifying strategy")
+def test_oracle_from_target_and_sampled_drafts_in_generate(models):
+    draft, target, _ = models
+    want = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
+    o = make_drafter("oracle", p=1.0, draft_len=3, target=target, horizon=NEW + 4)
+    out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=o, timing=False)
+    assert out.sequences == want and out.mean_accepted() > 2.5
+    d = make_drafter("draft_model", draft=draft, draft_len=2, num_drafts=2, temperature=1.0)
+    out = generate(target, PROMPTS, max_new_tokens=6, strategy="stree", drafter=d,
+                   sampling=SamplingConfig(temperature=1.0, seed=3), timing=False)
+    assert [len(s) for s in out.sequences] == [6, 6]

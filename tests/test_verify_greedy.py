@@ -1,0 +1,75 @@
+"""Greedy verification against a brute-force walk: for random trees (duplicate siblings, ragged depths)
+and chains, the verdict is the deepest path whose every token is the target's argmax at its parent
+(first such node in topological order on ties), the bonus the argmax there."""
+import pytest
+import torch
+
+from ssmspec.drafting.base import DraftTree
+from ssmspec.verify import GreedyVerifier
+
+
+def _brute(tokens: list[int], parents: list[int], argmax: list[int]):
+    """Deepest accepted node (first on ties), its root-first path, and the bonus."""
+    n = len(tokens) + 1
+    ok, depth = [True] + [False] * (n - 1), [0] * n
+    for i in range(1, n):
+        p = parents[i - 1]
+        depth[i] = depth[p] + 1
+        ok[i] = ok[p] and tokens[i - 1] == argmax[p]
+    best = max((i for i in range(n) if ok[i]), key=lambda i: (depth[i], -i))
+    path, node = [], best
+    while node:
+        path.insert(0, node)
+        node = parents[node - 1]
+    return depth[best], [0] + path, argmax[best]
+
+
+def _random_tree(T: int, g) -> list[int]:
+    return [int(torch.randint(0, i, (), generator=g)) for i in range(1, T + 1)]
+
+
+@pytest.mark.parametrize("kind", ["tree", "chains"])
+def test_greedy_matches_brute_force(kind):
+    g = torch.Generator().manual_seed(0 if kind == "tree" else 1)
+    B, V = 48, 4  # small vocabulary: many accepted nodes and duplicate siblings
+    if kind == "tree":
+        T = 10
+        parents = torch.tensor([_random_tree(T, g) for _ in range(B)])
+        logits = torch.randn(B, T + 1, V, generator=g)
+        tokens = torch.randint(0, V, (B, T), generator=g)
+        drafts = DraftTree(tokens, parents)
+    else:
+        D, S = 3, 4
+        tokens = torch.randint(0, V, (B, D, S), generator=g)
+        drafts = DraftTree.from_chains(tokens)
+        logits = torch.randn(B, D * S + 1, V, generator=g)
+    # raise acceptance: make many tokens the argmax at their parent
+    par = drafts.parents
+    hit = torch.rand(par.shape, generator=g) < 0.6
+    drafts.tokens = torch.where(hit, logits.argmax(-1).gather(1, par), drafts.tokens)
+    v = GreedyVerifier().verify(logits, drafts)
+    argmax = logits.argmax(-1)
+    depth = drafts.max_depth()
+    assert v.path.shape == (B, 1 + depth)
+    for b in range(B):
+        a, path, bonus = _brute(drafts.tokens[b].tolist(), drafts.parents[b].tolist(), argmax[b].tolist())
+        assert v.accepted[b].item() == a
+        assert v.path[b, :a + 1].tolist() == path and (v.path[b, a + 1:] == 0).all()
+        assert v.bonus[b].item() == bonus
+    assert v.accepted.max().item() >= 3
+
+
+def test_greedy_without_drafts_is_argmax():
+    logits = torch.randn(3, 1, 7, generator=torch.Generator().manual_seed(2))
+    v = GreedyVerifier().verify(logits, None)
+    assert torch.equal(v.bonus, logits[:, 0].argmax(-1)) and (v.accepted == 0).all()
+
+
+def test_emitted_tokens_follow_the_path():
+    tokens = torch.tensor([[5, 6, 7, 8]])
+    drafts = DraftTree(tokens, torch.tensor([[0, 0, 2, 3]]), depth=3)
+    logits = torch.full((1, 5, 10), -1.0)
+    logits[0, 0, 6] = logits[0, 2, 7] = logits[0, 3, 1] = 1.0  # root -> 6 (node 2) -> 7 (node 3), then 1
+    v = GreedyVerifier().verify(logits, drafts)
+    assert v.accepted.tolist() == [2] and v.path.tolist() == [[0, 2, 3, 0]]
+    assert v.emitted(drafts) == [[6, 7, 1]]
