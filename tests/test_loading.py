@@ -5,12 +5,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
-transformers = pytest.importorskip("transformers")
-from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM  # noqa: E402
-
-from ssmspec.models import load_model, load_preset  # noqa: E402
-from ssmspec.models.loading import checkpoint_dir, config_from_hf, config_from_mamba_ssm, read_config_json  # noqa: E402
+from ssmspec.models import load_model, load_preset
+from ssmspec.models.loading import checkpoint_dir, config_from_hf, config_from_mamba_ssm, read_config_json
 
 # fields that describe the architecture (name, source, max_seq_len are bookkeeping)
 ARCH = ("family", "d_model", "pattern", "vocab_size", "ssm_heads", "head_dim", "state_size", "n_groups",

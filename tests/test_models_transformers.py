@@ -16,16 +16,14 @@ import math
 
 import pytest
 import torch
+from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
-transformers = pytest.importorskip("transformers")
-from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM  # noqa: E402
-
-from ssmspec.engine.context import RunContext  # noqa: E402
-from ssmspec.engine.generate import generate  # noqa: E402
-from ssmspec.models import load_model  # noqa: E402
-from ssmspec.models.kv_cache import KVCache  # noqa: E402
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy  # noqa: E402
-from ssmspec.verify.base import Verdict  # noqa: E402
+from ssmspec.engine.context import RunContext
+from ssmspec.engine.generate import generate
+from ssmspec.models import load_model
+from ssmspec.models.kv_cache import KVCache
+from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
+from ssmspec.verify.base import Verdict
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}  # ours vs transformers
 SELF_TOL = {"atol": 2e-5, "rtol": 1e-5}  # our decode vs our parallel forward
@@ -59,18 +57,18 @@ def randomize(model, seed: int, *, dt_bias=(-1.0, 0.0)):
 
 
 def mamba2_config(**kw):
-    base = dict(hidden_size=32, num_heads=4, head_dim=16, expand=2, state_size=8, n_groups=2, conv_kernel=4,
-                chunk_size=8, num_hidden_layers=2, vocab_size=VOCAB, tie_word_embeddings=True, pad_token_id=0,
-                eos_token_id=None)
+    base = {"hidden_size": 32, "num_heads": 4, "head_dim": 16, "expand": 2, "state_size": 8, "n_groups": 2,
+            "conv_kernel": 4, "chunk_size": 8, "num_hidden_layers": 2, "vocab_size": VOCAB,
+            "tie_word_embeddings": True, "pad_token_id": 0, "eos_token_id": None}
     return Mamba2Config(**{**base, **kw})
 
 
 def nemotron_config(**kw):
-    base = dict(hidden_size=32, hybrid_override_pattern="M*-EM", vocab_size=VOCAB, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=8, intermediate_size=48, mamba_num_heads=4, mamba_head_dim=16,
-                n_groups=2, ssm_state_size=8, chunk_size=8, n_routed_experts=4, num_experts_per_tok=2,
-                moe_intermediate_size=16, moe_shared_expert_intermediate_size=24, n_group=2, topk_group=1,
-                eos_token_id=None, time_step_min=1e-4)
+    base = {"hidden_size": 32, "hybrid_override_pattern": "M*-EM", "vocab_size": VOCAB, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48, "mamba_num_heads": 4,
+            "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 8, "chunk_size": 8, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 24,
+            "n_group": 2, "topk_group": 1, "eos_token_id": None, "time_step_min": 1e-4}
     return NemotronHConfig(**{**base, **kw})
 
 
