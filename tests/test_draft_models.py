@@ -160,8 +160,8 @@ def test_static_tree_takes_ranked_tokens(models):
 
 
 @pytest.mark.skipif("stree" not in strategy_names(), reason="needs a tree-verifying strategy")
-@pytest.mark.parametrize("name,opts", [("draft_model", dict(draft_len=3)), ("beam_tree", dict(beams=2, depth=3)),
-                                       ("static_tree", dict(shape="A")), ("png", dict(num_drafts=2, draft_len=3))],
+@pytest.mark.parametrize("name,opts", [("draft_model", {"draft_len": 3}), ("beam_tree", {"beams": 2, "depth": 3}),
+                                       ("static_tree", {"shape": "A"}), ("png", {"num_drafts": 2, "draft_len": 3})],
                          ids=["draft_model", "beam_tree", "static_tree", "png"])
 def test_drafters_in_generate_are_lossless(models, name, opts):
     draft, target, _ = models

@@ -8,7 +8,7 @@ import yaml
 
 from ssmspec.drafting import DraftTree, drafter_names, make_drafter, merge_chains
 from ssmspec.drafting.oracle import Oracle
-from ssmspec.drafting.png import PromptNgram, ngram_drafts
+from ssmspec.drafting.png import ngram_drafts
 from ssmspec.drafting.static_tree import SHAPES, StaticTree, check_parents
 from ssmspec.paths import CONF_DIR
 from ssmspec.verify import GreedyVerifier
@@ -200,9 +200,9 @@ def test_registry():
         make_drafter("png", n=3)
 
 
-@pytest.mark.parametrize("name,opts", [("beam_tree", dict(num_drafts=2)), ("static_tree", dict(draft_len=3)),
-                                       ("oracle", dict(tree="A", num_drafts=2)),
-                                       ("oracle", dict(tree=[0, 0, 1], draft_len=3))])
+@pytest.mark.parametrize("name,opts", [("beam_tree", {"num_drafts": 2}), ("static_tree", {"draft_len": 3}),
+                                       ("oracle", {"tree": "A", "num_drafts": 2}),
+                                       ("oracle", {"tree": [0, 0, 1], "draft_len": 3})])
 def test_tree_drafter_refuses_chain_settings(name, opts):
     with pytest.raises(ValueError, match="chain setting"):
         make_drafter(name, draft="tiny-mamba2", **opts) if name != "oracle" else make_drafter(name, **opts)

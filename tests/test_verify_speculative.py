@@ -101,7 +101,7 @@ def test_chain_emits_target_distribution(sampled, as_tree):
 
 def test_chain_acceptance_probability_is_min_p_over_q():
     """Exact value: the first draft is accepted with probability sum_x min(p(x), q(x))."""
-    drafts, verdict = _chain_step(sampled=True, as_tree=False, seed=11)
+    _drafts, verdict = _chain_step(sampled=True, as_tree=False, seed=11)
     expect = torch.minimum(P_CHAIN[0], Q_CHAIN[0]).sum().item()
     rate = (verdict.accepted >= 1).double().mean().item()
     assert abs(rate - expect) < 4 * (expect * (1 - expect) / ROWS) ** 0.5

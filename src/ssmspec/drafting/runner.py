@@ -159,6 +159,10 @@ class DraftRunner:
         model, dev = self.model, self.model.device
         bsz, L = self.batch, max(len(t) for t in piece)
         counts = [len(t) for t in piece]
+        need = max(n + c for n, c in zip(self.kv_len, counts)) + self.max_depth
+        if self.kv and need > model.cfg.max_seq_len:
+            raise ValueError(f"draft model {model.cfg.name} needs {need} KV slots but allocates max_seq_len="
+                             f"{model.cfg.max_seq_len}; raise the draft's max_seq_len or generate fewer tokens")
         ids = torch.tensor([t + [model.cfg.pad_token_id] * (L - len(t)) for t in piece], dtype=torch.long, device=dev)
         n = torch.tensor(counts, dtype=torch.long, device=dev)
         col = torch.arange(L, device=dev)[None]
@@ -216,7 +220,7 @@ class ModelDrafterBase:
             load_preset(draft)  # unknown presets fail here, with the list of names
             self._draft_model, label = None, draft
         else:
-            raise ValueError(f"draft must be a HybridLM or a model preset name, got {type(draft).__name__}")
+            raise TypeError(f"draft must be a HybridLM or a model preset name, got {type(draft).__name__}")
         if dtype is not None and not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype must name a torch dtype (float32, bfloat16, float64), got {dtype!r}")
         self._draft_name, self._draft_seed, self._draft_dtype = label, seed, dtype

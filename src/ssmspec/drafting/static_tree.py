@@ -90,6 +90,11 @@ class StaticTree(ModelDrafterBase, DrafterBase):
         self.device = torch.device(device)
         self.runner = self._runner(device, max_depth=self.S)
         self.runner.reset([list(p) for p in prompts])
+        dev = self.runner.model.device
+        # per layer d >= 1: (node numbers, parent's slot in layer d-1, rank among siblings), on the draft's device
+        self.index = [tuple(torch.tensor(v, device=dev) for v in (
+            layer, [self.slot[self.parents[i - 1]] for i in layer], [self.rank[i] for i in layer]))
+            for layer in self.layers[1:]]
         if self.runner.model.cfg.vocab_size < self.kmax:
             raise ValueError(f"shape has a node with {self.kmax} children but the draft vocabulary has "
                              f"{self.runner.model.cfg.vocab_size} tokens")
@@ -105,19 +110,18 @@ class StaticTree(ModelDrafterBase, DrafterBase):
         top = root.topk(self.kmax, dim=-1).indices[:, None]  # (B, 1, kmax) ranked tokens per layer-0 slot
         run.begin(W)
         for d in range(1, self.S + 1):
-            layer = self.layers[d]
-            par_slot = torch.tensor([self.slot[self.parents[i - 1]] for i in layer], device=dev)  # (n_d,)
-            rank = torch.tensor([self.rank[i] for i in layer], device=dev)
+            nodes, par_slot, rank = self.index[d - 1]  # (n_d,) each
             tok = top[:, par_slot, rank]  # (B, n_d) each node's ranked token at its parent
-            tokens[:, torch.tensor(layer, device=dev) - 1] = tok
+            tokens[:, nodes - 1] = tok
             if d == self.S:
                 break
             # rows of layer d: slot j continues from its parent's row, then feeds node j's token
+            n_d = nodes.numel()
             src = torch.zeros(W, dtype=torch.long, device=dev)
-            src[:len(layer)] = par_slot
+            src[:n_d] = par_slot
             run.reorder((base + src[None]).reshape(-1))
             feed = torch.zeros(bsz, W, dtype=torch.long, device=dev)
-            feed[:, :len(layer)] = tok
+            feed[:, :n_d] = tok
             logits = run.step(feed.reshape(-1), depth=d).reshape(bsz, W, -1)  # (B, W, V)
             top = logits.topk(self.kmax, dim=-1).indices  # (B, W, kmax)
         return DraftTree(tokens.to(self.device), torch.tensor(self.parents, device=self.device).expand(bsz, -1)

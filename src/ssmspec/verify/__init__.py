@@ -26,5 +26,13 @@ def make_verifier(name: str, *, sampling: SamplingConfig | None = None):
     return _VERIFIERS[name](sampling=sampling)
 
 
-__all__ = ["Verdict", "Verifier", "SamplingConfig", "GreedyVerifier", "SpeculativeVerifier", "make_verifier",
-           "register_verifier", "verifier_names"]
+__all__ = [
+    "GreedyVerifier",
+    "SamplingConfig",
+    "SpeculativeVerifier",
+    "Verdict",
+    "Verifier",
+    "make_verifier",
+    "register_verifier",
+    "verifier_names",
+]
