@@ -1,0 +1,136 @@
+"""Triton kernels for the decode-time causal depthwise conv: a few tokens over [conv state, x]
+(``causal_conv1d_update``) and the rollback offset (``conv_state_advance``), so no strategy needs the
+CUDA-only causal-conv1d package. One program per (sequence, BLOCK_C channels); the W taps are unrolled.
+Both write the conv state in place (never autotuned): every program reads all the columns it will
+write, then a barrier, then stores.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.triton_common import dummy, silu
+
+_BLOCK_C = 256  # 256 channels x 2 B: each warp moves 128-byte rows; conv_dim ~ 10-20k gives 40-80 programs a row
+
+
+@triton.jit
+def _tap(x_ptr, st_ptr, i, offs_c, mask_c, x_l, x_c, s_c, s_w, W1: tl.constexpr):
+    """Input number i of [state (W-1 columns), x (L tokens)] (i < 0 addresses the state), fp32."""
+    if i < 0:
+        v = tl.load(st_ptr + offs_c * s_c + (W1 + i) * s_w, mask=mask_c, other=0.0)
+    else:
+        v = tl.load(x_ptr + i * x_l + offs_c * x_c, mask=mask_c, other=0.0)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, L, Cdim,
+                        x_b, x_l, x_c, s_b, s_c, s_w, w_c, w_w, y_b, y_l, y_c,
+                        W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, UPDATE: tl.constexpr,
+                        BLOCK_C: tl.constexpr):
+    b = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < Cdim
+    xb = x_ptr + b * x_b
+    sb = st_ptr + b * s_b
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    for t in range(0, L):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if HAS_BIAS:
+            acc += bias
+        for k in tl.static_range(W):  # tap k multiplies input t - (W-1) + k
+            wk = tl.load(w_ptr + offs_c * w_c + k * w_w, mask=mask_c, other=0.0).to(tl.float32)
+            acc += wk * _tap(xb, sb, t - (W - 1) + k, offs_c, mask_c, x_l, x_c, s_c, s_w, W - 1)
+        if SILU:
+            acc = silu(acc)
+        tl.store(y_ptr + b * y_b + t * y_l + offs_c * y_c, acc, mask=mask_c)
+    if UPDATE:  # new state column i = input L - (W-1) + i; read every column before writing any
+        for i in tl.static_range(W - 1):
+            v = _tap(xb, sb, L - (W - 1) + i, offs_c, mask_c, x_l, x_c, s_c, s_w, W - 1)
+            if i == 0:
+                c0 = v
+            elif i == 1:
+                c1 = v
+            else:
+                c2 = v
+        tl.debug_barrier()
+        for i in tl.static_range(W - 1):
+            if i == 0:
+                v = c0
+            elif i == 1:
+                v = c1
+            else:
+                v = c2
+            tl.store(sb + offs_c * s_c + i * s_w, v, mask=mask_c)
+
+
+@triton.jit
+def _conv_advance_kernel(x_ptr, st_ptr, keep_ptr, Cdim, x_b, x_l, x_c, s_b, s_c, s_w,
+                         W1: tl.constexpr, BLOCK_C: tl.constexpr):
+    b = tl.program_id(0)
+    offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask_c = offs_c < Cdim
+    keep = tl.load(keep_ptr + b).to(tl.int32)
+    if keep > 0:
+        xb = x_ptr + b * x_b
+        sb = st_ptr + b * s_b
+        for i in tl.static_range(W1):  # new column i = input keep - (W-1) + i of [state, x]
+            v = _tap(xb, sb, keep - W1 + i, offs_c, mask_c, x_l, x_c, s_c, s_w, W1)
+            if i == 0:
+                c0 = v
+            elif i == 1:
+                c1 = v
+            else:
+                c2 = v
+        tl.debug_barrier()
+        for i in tl.static_range(W1):
+            if i == 0:
+                v = c0
+            elif i == 1:
+                v = c1
+            else:
+                v = c2
+            tl.store(sb + offs_c * s_c + i * s_w, v, mask=mask_c)
+
+
+def _check(x: Tensor, conv_state: Tensor) -> tuple[int, int, int, int]:
+    if x.dim() != 3 or conv_state.dim() != 3 or conv_state.shape[:2] != (x.shape[0], x.shape[2]):
+        raise ValueError(f"need x (B, L, C) and conv_state (B, C, W-1); got {tuple(x.shape)}, {tuple(conv_state.shape)}")
+    W1 = conv_state.shape[2]
+    if not 1 <= W1 <= 3:
+        raise ValueError(f"the Triton conv supports widths W = 2..4 (conv_state with 1..3 columns), got W-1 = {W1}; "
+                         f"use backend='reference'")
+    bsz, L, Cdim = x.shape
+    return bsz, L, Cdim, W1
+
+
+def causal_conv1d_update_triton(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                                activation: str | None = "silu", update_state: bool = True) -> Tensor:
+    """Triton form of ``causal_conv1d_update`` (see ``ssmspec.ops.causal_conv1d``)."""
+    bsz, L, Cdim, W1 = _check(x, conv_state)
+    if weight.shape != (Cdim, W1 + 1):
+        raise ValueError(f"weight must be (C, W) = {(Cdim, W1 + 1)}, got {tuple(weight.shape)}")
+    if activation not in ("silu", "swish", None, "identity"):
+        raise ValueError(f"unsupported conv activation {activation!r}; use 'silu' or None")
+    y = torch.empty_like(x)
+    grid = (bsz, triton.cdiv(Cdim, _BLOCK_C))
+    _conv_update_kernel[grid](x, conv_state, weight, bias if bias is not None else dummy(weight), y, L, Cdim,
+                              *x.stride(), *conv_state.stride(), *weight.stride(), *y.stride(),
+                              W=W1 + 1, HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
+                              UPDATE=update_state, BLOCK_C=_BLOCK_C, num_warps=4)
+    return y
+
+
+def conv_state_advance_triton(conv_state: Tensor, x: Tensor, keep: Tensor) -> None:
+    """Triton form of ``conv_state_advance`` (see ``ssmspec.ops.causal_conv1d``)."""
+    bsz, L, Cdim, W1 = _check(x, conv_state)
+    if keep.shape != (bsz,):
+        raise ValueError(f"keep must be (B,) = ({bsz},), got {tuple(keep.shape)}")
+    keep = keep.to(device=x.device, dtype=torch.int64).contiguous()
+    grid = (bsz, triton.cdiv(Cdim, _BLOCK_C))
+    _conv_advance_kernel[grid](x, conv_state, keep, Cdim, *x.stride(), *conv_state.stride(), W1=W1,
+                               BLOCK_C=_BLOCK_C, num_warps=4)

@@ -1,0 +1,191 @@
+"""Triton kernel for Mamba-2 decode-time state updates: one kernel serves the single-token update
+(``selective_state_update``, L = 1), the fused multi-step update (seed 001, App. A), its replay form
+(advance by update_count[b] cached tokens, no output) and the fused `snapshot` baseline (seed 000, Alg. 3).
+
+Each program owns one (sequence, head, BLOCK_P rows of P) tile of the fp32 state: it loads the tile once,
+loops over the L tokens with the tile in registers (S = exp(A·dt)·S + dt·x Bᵀ, y = S C + D x, y *= silu(z)),
+writes every output, and stores the tile once at the end (or once per token into a snapshot slot).
+Nothing is shared between programs, so in-place updates are race-free; the kernel is never autotuned
+(an autotuner would replay it on the live state): block sizes come from ``_blocks`` (chosen by hand).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.multistep.naive import check_multistep_shapes
+from ssmspec.ops.triton_common import check_float, discretize, dummy, has_limit, limit_args, silu
+
+
+@triton.jit
+def _ssm_update_kernel(
+    state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr, row_ptr, count_ptr, dst_ptr,
+    L, P, N, heads_per_group, lo, hi,
+    s_row, s_h, s_p, s_n,
+    x_b, x_l, x_h, x_p,
+    dt_b, dt_l, dt_h,
+    B_b, B_l, B_g, B_n,
+    C_b, C_l, C_g, C_n,
+    z_b, z_l, z_h, z_p,
+    y_b, y_l, y_h, y_p,
+    dst_b, dst_l,
+    HAS_ROW: tl.constexpr, HAS_COUNT: tl.constexpr, SNAPSHOT: tl.constexpr, STORE_FINAL: tl.constexpr,
+    OUTPUT: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    g = h // heads_per_group
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)  # (BLOCK_P,)
+    offs_n = tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+    y_base = y_ptr + b * y_b + h * y_h + offs_p * y_p  # (BLOCK_P,) pointers, token 0
+    if HAS_ROW:
+        row = tl.load(row_ptr + b).to(tl.int64)
+        if row < 0:  # a pad sequence (mamba_ssm's convention): zero output, state untouched
+            if OUTPUT:
+                for t in range(0, L):
+                    tl.store(y_base + t * y_l, tl.zeros([BLOCK_P], dtype=tl.float32), mask=mask_p)
+            return
+    else:
+        row = b.to(tl.int64)
+    tile = offs_p[:, None] * s_p + offs_n[None, :] * s_n  # (BLOCK_P, BLOCK_N) offsets inside a head
+    s_ptrs = state_ptr + row * s_row + h * s_h + tile
+    s = tl.load(s_ptrs, mask=mask_pn, other=0.0)  # (BLOCK_P, BLOCK_N) fp32: the only state load
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_DT_BIAS:
+        bias = tl.load(dt_bias_ptr + h).to(tl.float32)
+    else:
+        bias = 0.0
+    if HAS_D:
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+    if HAS_COUNT:
+        cnt = tl.load(count_ptr + b).to(tl.int32)
+    else:
+        cnt = L
+    steps = L
+    if HAS_COUNT:
+        if not OUTPUT:
+            steps = tl.minimum(cnt, L)  # replay form: only the kept tokens matter
+    keep = s  # state after `cnt` tokens when y must follow all L tokens
+    x_base = x_ptr + b * x_b + h * x_h + offs_p * x_p
+    B_base = B_ptr + b * B_b + g * B_g + offs_n * B_n
+    C_base = C_ptr + b * C_b + g * C_g + offs_n * C_n
+    for t in range(0, steps):
+        xv = tl.load(x_base + t * x_l, mask=mask_p, other=0.0).to(tl.float32)  # (BLOCK_P,)
+        dtv = tl.load(dt_ptr + b * dt_b + t * dt_l + h * dt_h).to(tl.float32)
+        dtv = discretize(dtv, bias, lo, hi, DT_SOFTPLUS, HAS_LIMIT)
+        Bv = tl.load(B_base + t * B_l, mask=mask_n, other=0.0).to(tl.float32)  # (BLOCK_N,)
+        s = s * tl.exp(A * dtv) + (dtv * xv)[:, None] * Bv[None, :]
+        if SNAPSHOT:  # the `snapshot` baseline: one full state store per token
+            dst = tl.load(dst_ptr + b * dst_b + t * dst_l).to(tl.int64)
+            if dst >= 0:
+                tl.store(state_ptr + dst * s_row + h * s_h + tile, s, mask=mask_pn)
+        if OUTPUT:
+            Cv = tl.load(C_base + t * C_l, mask=mask_n, other=0.0).to(tl.float32)
+            yv = tl.sum(s * Cv[None, :], axis=1)  # (BLOCK_P,)
+            if HAS_D:
+                yv += Dh * xv
+            if HAS_Z:
+                zv = tl.load(z_ptr + b * z_b + t * z_l + h * z_h + offs_p * z_p, mask=mask_p, other=0.0)
+                yv *= silu(zv.to(tl.float32))
+            tl.store(y_base + t * y_l, yv, mask=mask_p)
+            if HAS_COUNT:
+                keep = tl.where(t < cnt, s, keep)
+    if STORE_FINAL:
+        if HAS_COUNT:
+            if OUTPUT:
+                s = keep
+            if cnt > 0:  # count 0: unchanged, skip the store
+                tl.store(s_ptrs, s, mask=mask_pn)
+        else:
+            tl.store(s_ptrs, s, mask=mask_pn)
+
+
+def _blocks(P: int, N: int, L: int) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) per shape class, picked by hand from the sweep in bench/kernels.py (a kernel that
+    writes state in place is never autotuned). One program holds BLOCK_P x N fp32 of state; for N <= 128
+    a tile of 8-16 rows keeps every thread on 16-byte vectors while the grid still fills the GPU at batch 1,
+    and more rows per program amortize the per-token B/C loads of multi-token calls."""
+    n = triton.next_power_of_2(N)
+    if L <= 1:
+        bp = 4 if n >= 256 else max(4, 1024 // n)  # ~1k state elements per program
+        return min(bp, triton.next_power_of_2(P)), 4
+    bp = max(8, 2048 // n)
+    return min(bp, triton.next_power_of_2(P)), 4
+
+
+def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+            z: Tensor | None, dt_bias: Tensor | None, dt_softplus: bool, dt_limit, *, rows: Tensor | None,
+            count: Tensor | None, dst: Tensor | None, store_final: bool, output: bool,
+            block_p: int | None = None, num_warps: int | None = None) -> Tensor | None:
+    bsz, L, H, P, G, N = check_multistep_shapes(x, dt, A, B, C, D, z, dt_bias)
+    if state.dim() != 4 or state.shape[1:] != (H, P, N) or state.dtype != torch.float32:
+        raise ValueError(f"state must be fp32 (Bs, H, P, N) with H={H}, P={P}, N={N}; got "
+                         f"{tuple(state.shape)} {state.dtype}")
+    for name, t in (("x", x), ("B", B), ("C", C)):
+        check_float(name, t)
+    check_float("dt", dt)
+    y = torch.empty_like(x) if output else None
+    bp, nw = _blocks(P, N, L)
+    bp, nw = block_p or bp, num_warps or nw
+    lo, hi = limit_args(dt_limit)
+    yt = y if y is not None else x  # unread / unwritten when not OUTPUT
+    zs = z.stride() if z is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(P, bp), bsz, H)
+    _ssm_update_kernel[grid](
+        state, x, dt, A, B, C, D if D is not None else dummy(x), z if z is not None else dummy(x),
+        dt_bias if dt_bias is not None else dummy(x), yt,
+        rows if rows is not None else dummy(dt).long(), count if count is not None else dummy(dt).long(),
+        dst if dst is not None else dummy(dt).long(),
+        L, P, N, H // G, lo, hi,
+        *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zs, *yt.stride(),
+        *(dst.stride() if dst is not None else (0, 0)),
+        HAS_ROW=rows is not None, HAS_COUNT=count is not None, SNAPSHOT=dst is not None, STORE_FINAL=store_final,
+        OUTPUT=output, HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit(dt_limit), BLOCK_P=bp, BLOCK_N=triton.next_power_of_2(N),
+        num_warps=nw,
+    )
+    return y
+
+
+def _index(t: Tensor | None, name: str, shape: tuple, device) -> Tensor | None:
+    if t is None:
+        return None
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(t.shape)}")
+    return t.to(device=device, dtype=torch.int64).contiguous()
+
+
+def ssm_multistep_triton(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                         D: Tensor | None = None, *, dt_bias: Tensor | None = None, dt_softplus: bool = True,
+                         dt_limit=(0.0, float("inf")), z: Tensor | None = None,
+                         state_batch_indices: Tensor | None = None, update_count: Tensor | None = None,
+                         store_state: bool = True, output: bool = True, block_p: int | None = None,
+                         num_warps: int | None = None) -> Tensor | None:
+    """Triton form of ``ssm_multistep`` (same arguments; see ``ssmspec.ops.multistep``)."""
+    bsz = x.shape[0]
+    rows = _index(state_batch_indices, "state_batch_indices", (bsz,), x.device)
+    count = _index(update_count, "update_count", (bsz,), x.device)
+    if not output and not store_state:
+        return None
+    return _launch(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, rows=rows, count=count, dst=None,
+                   store_final=store_state, output=output, block_p=block_p, num_warps=num_warps)
+
+
+def ssm_multistep_snapshot_triton(state_pool: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
+                                  D: Tensor | None = None, *, dt_bias: Tensor | None = None, dt_softplus: bool = True,
+                                  dt_limit=(0.0, float("inf")), src_slot: Tensor, dst_slots: Tensor,
+                                  z: Tensor | None = None, block_p: int | None = None,
+                                  num_warps: int | None = None) -> Tensor:
+    """Triton form of ``ssm_multistep_snapshot`` (see ``ssmspec.ops.multistep``)."""
+    bsz, L = x.shape[:2]
+    src = _index(src_slot, "src_slot", (bsz,), x.device)
+    dst = _index(dst_slots, "dst_slots", (bsz, L), x.device)
+    return _launch(state_pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, rows=src, count=None, dst=dst,
+                   store_final=False, output=True, block_p=block_p, num_warps=num_warps)
