@@ -111,6 +111,10 @@ def generate(model: HybridLM, prompts: Sequence[Sequence[int]], *, max_new_token
     cfg = model.cfg
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    bad = [(b, int(t)) for b, p in enumerate(prompts) for t in p if not 0 <= int(t) < cfg.vocab_size]
+    if bad:  # the embedding would fail with a bare IndexError
+        raise ValueError(f"prompt token ids must lie in [0, {cfg.vocab_size}) for {cfg.name}; got (prompt, id) "
+                         f"{bad[:5]}; encode the prompts with this model's tokenizer (ssmspec.data.load_tokenizer)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     strat = make_strategy(strategy) if isinstance(strategy, str) else strategy
