@@ -1,0 +1,51 @@
+"""Presets (conf/model/*.yaml) against the published sizes of shared/MODELS.md: derived widths, parameter
+counts, and the model each builds (on the meta device: nothing is allocated)."""
+import pytest
+import torch
+
+from ssmspec.models import HybridLM, load_preset, preset_names
+
+# shared/MODELS.md 3a/3b [D] columns: (I, heads, conv_dim, in_proj out)
+DERIVED = {
+    "mamba2-130m": (1536, 24, 1792, 3352), "mamba2-370m": (2048, 32, 2304, 4384),
+    "mamba2-780m": (3072, 48, 3328, 6448), "mamba2-1.3b": (4096, 64, 4352, 8512),
+    "mamba2-2.7b": (5120, 80, 5376, 10576),
+    "nemotron-h-4b": (7168, 112, 9216, 16496), "nemotron-h-8b": (8192, 128, 10240, 18560),
+}
+# published parameter counts (model names), within 5 %
+PUBLISHED = {"mamba2-130m": 130e6, "mamba2-370m": 370e6, "mamba2-780m": 780e6, "mamba2-1.3b": 1.3e9,
+             "mamba2-2.7b": 2.7e9, "nemotron-h-8b": 8.1e9}
+# per-type block counts of the published patterns
+BLOCKS = {"nemotron-h-4b": (24, 4, 24), "nemotron-h-8b": (24, 4, 24)}
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_derived_widths(name):
+    cfg = load_preset(name)
+    assert (cfg.d_inner, cfg.ssm_heads, cfg.conv_dim, cfg.in_proj_dim) == DERIVED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_model_names(name):
+    assert load_preset(name).num_parameters() == pytest.approx(PUBLISHED[name], rel=0.05)
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_nemotron_patterns(name):
+    p = load_preset(name).pattern
+    assert (p.count("M"), p.count("*"), p.count("-")) == BLOCKS[name] and len(p) == 52
+    assert load_preset(name).attention_layers == [7, 18, 29, 40]
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_every_preset_builds_with_the_parameters_it_declares(name):
+    cfg = load_preset(name)
+    with torch.device("meta"):
+        model = HybridLM(cfg)
+    assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters()  # tied weights counted once
+    mixer = model.layers[cfg.mamba_layers[0]].mixer
+    assert mixer.in_proj.weight.shape == (cfg.in_proj_dim, cfg.d_model)
+    assert mixer.conv1d.weight.shape == (cfg.conv_dim, 1, cfg.conv_kernel)
+    if cfg.is_hybrid:  # a KV cache of max_seq_len slots per sequence stays affordable (< 1 GiB in bf16)
+        kv = 2 * len(cfg.attention_layers) * cfg.n_kv_heads * cfg.attn_head_dim * cfg.max_seq_len * 2
+        assert kv < 2**30
