@@ -142,6 +142,16 @@ def test_sharded_safetensors_and_dtype(mamba2_dir, tmp_path):
     assert checkpoint_dir(half) == mamba2_dir
 
 
+def test_model_prefix_and_mamba_ssm_embedding_name(mamba2_dir):
+    """transformers 5 names NemotronH's backbone ``model.`` in memory; mamba_ssm says ``embedding``."""
+    ref = load_model(mamba2_dir)
+    _edit_weights(mamba2_dir, lambda sd: sd.update({k.replace("backbone.", "model.").replace("embeddings", "embedding"):
+                                                     sd.pop(k) for k in list(sd)}))
+    assert "model.embedding.weight" in load_file(str(mamba2_dir / "model.safetensors"))
+    got = load_model(mamba2_dir)
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), got.state_dict().values()))
+
+
 def test_moe_router_bias_stays_fp32(tmp_path):
     cfg = NemotronHConfig(hidden_size=32, hybrid_override_pattern="E", vocab_size=64, n_routed_experts=4,
                           num_experts_per_tok=2, moe_intermediate_size=16, moe_shared_expert_intermediate_size=24)
