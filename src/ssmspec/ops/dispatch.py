@@ -1,8 +1,8 @@
 """Choosing between a Triton kernel and its pure-PyTorch twin.
 
 Every public op takes ``backend="auto" | "triton" | "reference"``:
-- ``auto``: Triton when every tensor lives on CUDA, the reference otherwise (CPU model and strategy tests
-  stay fast and never touch the interpreter). ``SSMSPEC_OPS_BACKEND=triton|reference`` overrides ``auto``
+- ``auto``: Triton when every tensor lives on CUDA and none is float64, the reference otherwise (CPU
+  model and strategy tests stay fast and never touch the interpreter). ``SSMSPEC_OPS_BACKEND=triton|reference`` overrides ``auto``
   process-wide (e.g. reference kernels on a GPU for an A/B run, or the interpreter for a strategy test);
   the older ``SSMSPEC_FORCE_REFERENCE=1`` still forces the reference.
 - ``triton``: the kernel; on CPU tensors this needs ``TRITON_INTERPRET=1`` set before the Triton modules
@@ -36,8 +36,8 @@ def use_triton(*tensors: torch.Tensor | None, backend: str = "auto") -> bool:
     if backend == "reference":
         return False
     on_cuda = all(t.is_cuda for t in tensors if t is not None)
-    if backend == "auto":
-        return on_cuda
+    if backend == "auto":  # float64 (exact-agreement tests) runs on the reference only
+        return on_cuda and not any(t.dtype == torch.float64 for t in tensors if t is not None)
     if not on_cuda and not interpret_mode():
         raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before the first "
                          "import of ssmspec's Triton modules (CPU interpreter); use backend='reference' on CPU")

@@ -1,0 +1,244 @@
+"""ReplaySSM kernels in Triton (seed 000, Alg. 2 / 4 and its two kernel design choices).
+
+One ``replay_verify`` call of L tokens is three launches, all graph-safe (no host sync, the flush decision
+is per-sequence data read at run time):
+1. ``_scores_kernel``, one program per (sequence, group): the inner products kq[s, j] = B_jᵀ C_s of the
+   window entries j (committed ring entries, then the call's tokens) with every query C_s, computed once
+   per group ("precomputing shared inner products") into a small fp32 scratch;
+2. ``_main_kernel``, one program per (sequence, head, BLOCK_P rows): loads its checkpoint tile S0 once;
+   where flush[b], folds the committed entries into it (state-and-output route, one GEMM, the only state
+   store); then the output-only readout of every token s under the causal (or tree) mask:
+       y_s = exp(cum_s)·(S0 C_s) + Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j + D·x_s;
+3. ``_append_kernel``, one program per sequence: appends the call's (x, dt, B) at ring slots
+   (head + count + s) % R ("a ring buffer avoids data-dependent copies") and moves head / count after a
+   flush. It runs last because kernel 2 reads the old entries it may overwrite (R < 2L) and the pointers.
+The state is written in place only by kernel 2, tile by tile, with no sharing: never autotuned.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.triton_common import check_float, discretize, dummy, has_limit, limit_args
+
+
+@triton.jit
+def _window(head_ptr, count_ptr, flush_ptr, b, R):
+    """(flush flag, old head, old count, head, count) of sequence b's readout window (after its flush)."""
+    h0 = tl.load(head_ptr + b).to(tl.int32)
+    c0 = tl.load(count_ptr + b).to(tl.int32)
+    f = tl.load(flush_ptr + b).to(tl.int32)
+    hd = tl.where(f != 0, (h0 + c0) % R, h0)
+    c = tl.where(f != 0, 0, c0)
+    return f, h0, c0, hd, c
+
+
+@triton.jit
+def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_ptr, kqn_ptr, L, R, N,
+                   rB_b, rB_r, rB_g, rB_n, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
+                   BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    G = tl.num_programs(1)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    slots = (hd + offs_r) % R  # (BLOCK_R,) ring slot of window entry j
+    live = offs_r < c
+    Br = tl.load(ringB_ptr + b * rB_b + slots[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
+                 mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
+    Bn = tl.load(B_ptr + b * B_b + offs_l[:, None] * B_l + g * B_g + offs_n[None, :] * B_n,
+                 mask=(offs_l < L)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_N)
+    out_r = kqr_ptr + (b * G + g) * L * R
+    out_n = kqn_ptr + (b * G + g) * L * L
+    for s in range(0, L):
+        Cs = tl.load(C_ptr + b * C_b + s * C_l + g * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(out_r + s * R + offs_r, tl.sum(Br * Cs[None, :], axis=1), mask=offs_r < R)
+        tl.store(out_n + s * L + offs_l, tl.sum(Bn * Cs[None, :], axis=1), mask=offs_l < L)
+
+
+@triton.jit
+def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr,
+                 bias_ptr, tree_ptr, kqr_ptr, kqn_ptr, y_ptr, L, R, P, N, heads_per_group, lo, hi,
+                 S_b, S_h, S_p, S_n, rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
+                 x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, C_b, C_l, C_g, C_n, t_b, t_i, t_j, y_b, y_l, y_h, y_p,
+                 HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, TREE: tl.constexpr,
+                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    H = tl.num_programs(2)
+    g = h // heads_per_group
+    G = H // heads_per_group
+    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_l = tl.arange(0, BLOCK_L)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_l = offs_l < L
+    A = tl.load(A_ptr + h).to(tl.float32)
+    s_ptrs = S_ptr + b * S_b + h * S_h + offs_p[:, None] * S_p + offs_n[None, :] * S_n
+    S = tl.load(s_ptrs, mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_P, BLOCK_N) checkpoint tile
+    if f * c0 > 0:  # flush with a non-empty ring: fold the committed entries, the only state store
+        old = (h0 + offs_r) % R
+        live = offs_r < c0
+        dto = tl.load(rdt_ptr + b * rdt_b + old * rdt_r + h * rdt_h, mask=live, other=0.0)  # (BLOCK_R,)
+        ao = A * dto
+        cumo = tl.cumsum(ao, axis=0)
+        tot = tl.sum(ao, axis=0)
+        wo = tl.where(live, tl.exp(tot - cumo) * dto, 0.0)  # decay from entry j to the end of the window
+        Xo = tl.load(rx_ptr + b * rx_b + old[:, None] * rx_r + h * rx_h + offs_p[None, :] * rx_p,
+                     mask=live[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
+        Bo = tl.load(rB_ptr + b * rB_b + old[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
+                     mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
+        S = tl.exp(tot) * S + tl.dot(tl.trans(Xo * wo[:, None]), Bo, input_precision="ieee")
+        tl.store(s_ptrs, S, mask=mask_p[:, None] & mask_n[None, :])
+    # readout window: committed entries j < c from the ring, then the call's tokens from the inputs
+    slots = (hd + offs_r) % R
+    live_r = offs_r < c
+    dtr = tl.load(rdt_ptr + b * rdt_b + slots * rdt_r + h * rdt_h, mask=live_r, other=0.0)
+    cumr = tl.cumsum(A * dtr, axis=0)  # (BLOCK_R,) log-decay from the checkpoint to entry j
+    Tc = tl.sum(A * dtr, axis=0)
+    Xr = tl.load(rx_ptr + b * rx_b + slots[:, None] * rx_r + h * rx_h + offs_p[None, :] * rx_p,
+                 mask=live_r[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
+    if HAS_DT_BIAS:
+        bias = tl.load(bias_ptr + h).to(tl.float32)
+    else:
+        bias = 0.0
+    dtn = tl.load(dt_ptr + b * dt_b + offs_l * dt_l + h * dt_h, mask=mask_l, other=0.0).to(tl.float32)
+    dtn = tl.where(mask_l, discretize(dtn, bias, lo, hi, True, HAS_LIMIT), 0.0)  # (BLOCK_L,)
+    an = A * dtn
+    if TREE:  # accumulated decay along each token's ancestors-or-self (STree's A_tree)
+        M = tl.load(tree_ptr + b * t_b + offs_l[:, None] * t_i + offs_l[None, :] * t_j,
+                    mask=mask_l[:, None] & mask_l[None, :], other=0).to(tl.float32)
+        cumn = Tc + tl.sum(M * an[None, :], axis=1)
+    else:
+        cumn = Tc + tl.cumsum(an, axis=0)  # (BLOCK_L,)
+    Xn = tl.load(x_ptr + b * x_b + offs_l[:, None] * x_l + h * x_h + offs_p[None, :] * x_p,
+                 mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_P)
+    if HAS_D:
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+    kqr = kqr_ptr + (b * G + g) * L * R
+    kqn = kqn_ptr + (b * G + g) * L * L
+    for s in range(0, L):
+        Cs = tl.load(C_ptr + b * C_b + s * C_l + g * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+        cs = tl.sum(tl.where(offs_l == s, cumn, 0.0), axis=0)  # log-decay from the checkpoint to token s
+        yv = tl.exp(cs) * tl.sum(S * Cs[None, :], axis=1)  # (BLOCK_P,) checkpoint readout
+        kr = tl.load(kqr + s * R + offs_r, mask=live_r, other=0.0)
+        wr = tl.where(live_r, tl.exp(cs - cumr) * dtr * kr, 0.0)  # (BLOCK_R,)
+        yv += tl.sum(wr[:, None] * Xr, axis=0)
+        if TREE:
+            vis = tl.load(tree_ptr + b * t_b + s * t_i + offs_l * t_j, mask=mask_l, other=0) != 0
+        else:
+            vis = offs_l <= s
+        kn = tl.load(kqn + s * L + offs_l, mask=mask_l, other=0.0)
+        wn = tl.where(vis & mask_l, tl.exp(cs - cumn) * dtn * kn, 0.0)  # (BLOCK_L,)
+        yv += tl.sum(wn[:, None] * Xn, axis=0)
+        if HAS_D:
+            yv += Dh * tl.sum(tl.where((offs_l == s)[:, None], Xn, 0.0), axis=0)
+        tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, yv, mask=mask_p)
+
+
+@triton.jit
+def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, B_ptr, bias_ptr,
+                   L, R, H, P, G, N, lo, hi,
+                   rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
+                   x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n,
+                   HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
+    b = tl.program_id(0)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    offs = tl.arange(0, BLOCK)
+    offs_h = tl.arange(0, BLOCK_H)
+    if HAS_DT_BIAS:
+        bias = tl.load(bias_ptr + offs_h, mask=offs_h < H, other=0.0).to(tl.float32)
+    else:
+        bias = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for s in range(0, L):
+        slot = (hd + c + s) % R
+        for start in range(0, H * P, BLOCK):  # x (H, P) of token s
+            i = start + offs
+            hh = i // P
+            pp = i % P
+            v = tl.load(x_ptr + b * x_b + s * x_l + hh * x_h + pp * x_p, mask=i < H * P)
+            tl.store(rx_ptr + b * rx_b + slot * rx_r + hh * rx_h + pp * rx_p, v, mask=i < H * P)
+        for start in range(0, G * N, BLOCK):  # B (G, N)
+            i = start + offs
+            gg = i // N
+            nn = i % N
+            v = tl.load(B_ptr + b * B_b + s * B_l + gg * B_g + nn * B_n, mask=i < G * N)
+            tl.store(rB_ptr + b * rB_b + slot * rB_r + gg * rB_g + nn * rB_n, v, mask=i < G * N)
+        d = tl.load(dt_ptr + b * dt_b + s * dt_l + offs_h * dt_h, mask=offs_h < H, other=0.0).to(tl.float32)
+        d = discretize(d, bias, lo, hi, True, HAS_LIMIT)
+        tl.store(rdt_ptr + b * rdt_b + slot * rdt_r + offs_h * rdt_h, d, mask=offs_h < H)
+    tl.store(head_ptr + b, hd.to(head_ptr.dtype.element_ty))
+    tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
+
+
+def _main_blocks(P: int, N: int, R: int, L: int) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) of the main kernel, chosen by hand (it writes S0 in place on flush steps): 16 rows
+    of P (the tl.dot of the fold needs >= 16) keep the per-program extras (kq row, ring dt, ring x columns)
+    small next to the 8 KB of state a program reads for N = 128."""
+    return min(max(16, triton.next_power_of_2(P) // 4 if N <= 64 else 16), max(16, triton.next_power_of_2(P))), 4
+
+
+def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
+                         x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
+                         dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor,
+                         tree_mask: Tensor | None = None, block_p: int | None = None,
+                         num_warps: int | None = None) -> Tensor:
+    """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``)."""
+    bsz, L, H, P = x.shape
+    R = ring_x.shape[1]
+    G, N = B.shape[2], B.shape[3]
+    if ring_x.shape != (bsz, R, H, P) or ring_dt.shape != (bsz, R, H) or ring_B.shape != (bsz, R, G, N):
+        raise ValueError(f"ring buffers must be x (B, R, H, P), dt (B, R, H), B (B, R, G, N) with B={bsz}, H={H}, "
+                         f"P={P}, G={G}, N={N}; got {tuple(ring_x.shape)}, {tuple(ring_dt.shape)}, {tuple(ring_B.shape)}")
+    if L > R:
+        raise ValueError(f"a call of L={L} tokens does not fit a ring of R={R}; raise the buffer size R or lower S")
+    if S0.shape != (bsz, H, P, N) or S0.dtype != torch.float32 or ring_dt.dtype != torch.float32:
+        raise ValueError(f"S0 must be fp32 (B, H, P, N) = {(bsz, H, P, N)} and ring_dt fp32; got {tuple(S0.shape)} "
+                         f"{S0.dtype}, {ring_dt.dtype}")
+    if dt.shape != (bsz, L, H) or C.shape != B.shape or B.shape[:2] != (bsz, L) or H % G or A.shape != (H,):
+        raise ValueError(f"need dt (B, L, H), A (H,), B and C (B, L, G, N) with H % G == 0; got {tuple(dt.shape)}, "
+                         f"{tuple(A.shape)}, {tuple(B.shape)}, {tuple(C.shape)}")
+    if head.shape != (bsz,) or count.shape != (bsz,) or flush.shape != (bsz,):
+        raise ValueError(f"head, count and flush must be (B,) = ({bsz},)")
+    if tree_mask is not None and (tree_mask.shape != (bsz, L, L) or tree_mask.dtype != torch.bool):
+        raise ValueError(f"tree_mask must be a bool (B, L, L) = {(bsz, L, L)} tensor, got {tuple(tree_mask.shape)}")
+    for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
+        check_float(name, t)
+    dev = x.device
+    kq_ring = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # B_jᵀ C_s of ring entries
+    kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
+    y = torch.empty_like(x)
+    flag = flush.to(torch.int8) if flush.dtype == torch.bool else flush
+    BR = max(16, triton.next_power_of_2(R))
+    BL = max(2, triton.next_power_of_2(L))
+    BN = triton.next_power_of_2(N)
+    _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, L, R, N,
+                             *ring_B.stride(), *B.stride(), *C.stride(), BLOCK_R=BR, BLOCK_L=BL, BLOCK_N=BN,
+                             num_warps=4 if BR * BN <= 4096 else 8)
+    bp, nw = _main_blocks(P, N, R, L)
+    bp, nw = block_p or bp, num_warps or nw
+    lo, hi = limit_args(dt_limit)
+    tm = tree_mask if tree_mask is not None else flag
+    tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
+    _main_kernel[(triton.cdiv(P, bp), bsz, H)](
+        S0, ring_x, ring_dt, ring_B, head, count, flag, x, dt, A, C, D if D is not None else dummy(A),
+        dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, y, L, R, P, N, H // G, lo, hi,
+        *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(), *C.stride(),
+        *tstr, *y.stride(),
+        HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit), TREE=tree_mask is not None,
+        BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
+    _append_kernel[(bsz,)](
+        ring_x, ring_dt, ring_B, head, count, flag, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
+        L, R, H, P, G, N, lo, hi, *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(),
+        *B.stride(), HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit), BLOCK=1024,
+        BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
+    return y

@@ -1,0 +1,61 @@
+"""Decode-time conv kernels (a few tokens over [state, x]; the rollback offset) vs their naive twins, and the
+twins vs one conv over the whole sequence."""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_checks import TOL, assert_close
+
+from ssmspec.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update, conv_state_advance
+
+
+def _inputs(bsz, L, Cdim, W, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(bsz, L, Cdim, generator=g).to(device, dtype), torch.randn(bsz, Cdim, W - 1, generator=g).to(device, dtype),
+            torch.randn(Cdim, W, generator=g).to(device, dtype), torch.randn(Cdim, generator=g).to(device, dtype))
+
+
+def test_naive_update_then_advance_equals_full_conv():
+    x, st, w, b = _inputs(2, 7, 5, 4, torch.float64, "cpu")
+    full, _ = causal_conv1d_ref(torch.cat([st.transpose(1, 2), x], 1), w, b, state=None)
+    s = st.clone()
+    y1 = causal_conv1d_update(x[:, :3], s, w, b)  # tokens 0..2, state advanced by all 3
+    s2 = s.clone()
+    conv_state_advance(s2, x[:, 3:6], torch.tensor([2, 2]))  # keep tokens 3, 4 of a call of 3
+    y2 = causal_conv1d_update(x[:, 5:], s2, w, b, update_state=False)
+    torch.testing.assert_close(y1, full[:, 3:6])
+    torch.testing.assert_close(y2, full[:, 8:])
+
+
+@pytest.mark.parametrize("W", [pytest.param(4, id="W4"), pytest.param(2, id="W2")])
+@pytest.mark.parametrize("dtype,act,bias,update", [
+    pytest.param(torch.bfloat16, "silu", True, True, id="bf16-silu-bias-update"),
+    pytest.param(torch.float32, None, False, False, id="fp32-identity-readonly"),
+])
+def test_conv_update_kernel(W, dtype, act, bias, update, device):
+    x, st, w, b = _inputs(3, 5, 300, W, dtype, device)  # 300 channels: a partial channel block
+    s_k, s_r = st.clone(), st.clone()
+    y_k = causal_conv1d_update(x, s_k, w, b if bias else None, activation=act, update_state=update, backend="triton")
+    y_r = causal_conv1d_update(x, s_r, w, b if bias else None, activation=act, update_state=update, backend="reference")
+    assert_close(y_k, y_r, TOL[dtype], "y")
+    assert torch.equal(s_k, s_r)  # the state is a copy of inputs: exact
+
+
+def test_conv_state_advance_kernel(device):
+    x, st, _, _ = _inputs(4, 5, 300, 4, torch.bfloat16, device)
+    keep = torch.tensor([0, 1, 3, 5], device=device)  # 0: unchanged; 1: mixes state and x; 5: all of x
+    x[0] = float("nan")  # keep 0 reads nothing of its row
+    x[1, 1:] = float("nan")
+    s_k, s_r = st.clone(), st.clone()
+    conv_state_advance(s_k, x, keep, backend="triton")
+    conv_state_advance(s_r, x, keep, backend="reference")
+    assert torch.equal(s_k, s_r) and torch.equal(s_k[0], st[0])
+
+
+@pytest.mark.gpu
+def test_conv_large(device):
+    x, st, w, b = _inputs(256, 7, 7168 + 2 * 8 * 128, 4, torch.bfloat16, device)
+    s_k, s_r = st.clone(), st.clone()
+    assert_close(causal_conv1d_update(x, s_k, w, b, backend="triton"), causal_conv1d_update(x, s_r, w, b, backend="reference"),
+                 TOL[torch.bfloat16], "y")
+    assert torch.equal(s_k, s_r)

@@ -1,0 +1,87 @@
+"""ReplaySSM kernels (scores precompute, flush + output-only main kernel, append + pointers) vs the naive
+twin: standard decode (L = 1), verify of S drafts, flush per sequence, ring wrap-around, a ring smaller
+than two windows (the append overwrites entries the fold reads), tree masks, NaN-poisoned dead slots."""
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_checks import STATE_TOL, TOL, assert_close, mamba_inputs
+
+from ssmspec.ops.replay import replay_verify
+
+
+def _ring(bsz, R, H, P, G, N, head, count, dtype, device, seed=5, dead=float("nan")):
+    """Ring buffers with live entries at window positions < count and ``dead`` everywhere else."""
+    g = torch.Generator().manual_seed(seed)
+    rx = torch.randn(bsz, R, H, P, generator=g).to(device, dtype)
+    rdt = (0.02 + 0.1 * torch.rand(bsz, R, H, generator=g)).to(device)
+    rB = (0.3 * torch.randn(bsz, R, G, N, generator=g)).to(device, dtype)
+    for b in range(bsz):
+        for j in range(count[b], R):  # dead slots: must never be read
+            slot = (head[b] + j) % R
+            rx[b, slot], rdt[b, slot], rB[b, slot] = dead, dead, dead
+    return rx, rdt, rB
+
+
+def _tree(L, bsz, device):
+    parents = [-1, 0, 0, 1, 1, 2, 3, 0][:L]
+    m = torch.zeros(L, L, dtype=torch.bool)
+    for i in range(L):
+        j = i
+        while j >= 0:
+            m[i, j], j = True, parents[j]
+    return m[None].expand(bsz, L, L).contiguous().to(device)
+
+
+CASES = [  # (P, L, R, head, count, flush, tree); batch 2, H = 6, G = 3, N = 64
+    pytest.param(80, 1, 8, [5, 7], [3, 7], [False, True], False, id="decode-L1-R8-P80"),
+    pytest.param(32, 5, 12, [10, 3], [5, 2], [True, False], False, id="verify-S4-R12-wrap"),
+    pytest.param(32, 5, 5, [4, 2], [5, 3], [True, True], False, id="ring-smaller-than-two-windows"),
+    pytest.param(32, 6, 12, [9, 4], [4, 6], [False, True], True, id="tree-L6"),
+]
+
+
+@pytest.mark.parametrize("P,L,R,head,count,flush,tree", CASES)
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16")])
+def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, device):
+    bsz, H, G, N = 2, 6, 3, 64
+    inp = mamba_inputs(bsz, L, H, P, G, N, dtype, device)
+    S0 = torch.randn(bsz, H, P, N, generator=torch.Generator().manual_seed(2)).to(device)
+    args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
+    kw = dict(dt_bias=inp["dt_bias"], dt_limit=(0.0, 0.5), flush=torch.tensor(flush, device=device),
+              tree_mask=_tree(L, bsz, device) if tree else None)
+    outs = []
+    for backend, dead in (("triton", float("nan")), ("reference", 0.0)):  # the kernel must not read dead slots
+        ring = _ring(bsz, R, H, P, G, N, head, count, dtype, device, dead=dead)
+        st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
+        outs.append((replay_verify(*st, *args, backend=backend, **kw), st))
+    (y_k, st_k), (y_r, st_r) = outs
+    assert_close(y_k, y_r, TOL[dtype], "y")
+    assert_close(st_k[0], st_r[0], STATE_TOL, "S0")
+    for name, a, b in zip(("ring_x", "ring_dt", "ring_B"), st_k[1:4], st_r[1:4]):  # dead slots stay NaN / 0
+        torch.testing.assert_close(a.float().nan_to_num(0.0), b.float(), atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert torch.equal(st_k[4], st_r[4]) and torch.equal(st_k[5], st_r[5]), "head / count"
+    for b, f in enumerate(flush):
+        if not f:
+            assert torch.equal(st_k[0][b], S0[b]), "S0 is stored on flush steps only"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L,R", [(1, 8), (7, 16)])
+def test_replay_verify_large(L, R, device):
+    bsz, H, P, G, N = 64, 112, 64, 8, 128
+    inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device)
+    head = torch.randint(0, R, (bsz,)).tolist()
+    count = torch.randint(0, R - L + 1, (bsz,)).tolist()
+    flush = [c + 2 * L > R for c in count]
+    S0 = torch.randn(bsz, H, P, N, device=device)
+    args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
+    outs = []
+    for backend, dead in (("triton", float("nan")), ("reference", 0.0)):
+        ring = _ring(bsz, R, H, P, G, N, head, count, torch.bfloat16, device, dead=dead)
+        st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
+        outs.append((replay_verify(*st, *args, dt_bias=inp["dt_bias"], flush=torch.tensor(flush, device=device),
+                                   backend=backend), st))
+    (y_k, st_k), (y_r, st_r) = outs
+    assert_close(y_k, y_r, TOL[torch.bfloat16], "y")
+    assert_close(st_k[0], st_r[0], (1e-3, 1e-3), "S0")
