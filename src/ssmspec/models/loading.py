@@ -334,7 +334,8 @@ def resolve_checkpoint(path_or_hub_id: str | os.PathLike) -> Path:
                                       allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model", "*.txt"]))
     except Exception as err:  # noqa: BLE001  (offline, unreachable hub, gated or unknown repo)
         raise ValueError(
-            f"could not fetch {ref!r} from the Hugging Face hub ({type(err).__name__}: {err}). Without hub access, "
+            f"{ref!r} is no local directory, and fetching it from the Hugging Face hub failed "
+            f"({type(err).__name__}: {str(err)[:300]}). Without hub access, "
             f"download it on a machine with network (`huggingface-cli download {ref} --local-dir DIR`), copy DIR "
             f"here and pass its local path: load_model('DIR')") from None
 
