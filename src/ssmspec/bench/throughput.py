@@ -42,7 +42,6 @@ def _kv_caches(mcfg, batch: int, max_len: int, *, max_new: int, device, dtype) -
                     device=device, dtype=dtype) for _ in mcfg.attention_layers]
 
 
-@torch.no_grad()
 def prefill_fn(model, strategy, ids: torch.Tensor):
     """A closure running one prefill of ``ids`` (B, T); returns the (B,) first tokens."""
     mcfg = model.cfg
@@ -56,6 +55,7 @@ def prefill_fn(model, strategy, ids: torch.Tensor):
     cols = torch.arange(T, device=ids.device)[None].expand(bsz, T)
     count = torch.full((bsz,), T, device=ids.device, dtype=torch.long)
 
+    @torch.no_grad()
     def run() -> torch.Tensor:
         for c in kv:
             c.length.zero_()
@@ -70,7 +70,6 @@ def prefill_fn(model, strategy, ids: torch.Tensor):
     return run
 
 
-@torch.no_grad()
 def decode_fn(model, strategy, pending: torch.Tensor, context: int, steps: int):
     """A closure running one autoregressive decode step on static buffers (graph-capturable); the caches
     hold ``context`` tokens before the first step and have room for ``steps`` more."""
@@ -92,6 +91,7 @@ def decode_fn(model, strategy, pending: torch.Tensor, context: int, steps: int):
     ones = torch.ones(bsz, device=device, dtype=torch.long)
     ctx = RunContext(strategy=strategy, kv=kv, step=None)
 
+    @torch.no_grad()
     def run() -> None:
         step = strategy.layout(pending, None, seq_len)
         step.kv_bound = max_len  # host-known bound: no sync, fixed shapes across replays
@@ -178,8 +178,8 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
                 samples, timing = _timed(fn, graph=graph, warmup=warmup, iters=iters, device=device)
                 del fn  # the step's caches
                 extra = {"cache_fill": "random", "bytes_min": bytes_min}
-        except torch.OutOfMemoryError:
-            log.warning("out of memory: %s %s B=%d T=%d", mcfg.name, phase, bsz, T)
+        except torch.OutOfMemoryError as e:
+            log.warning("out of memory: %s %s B=%d T=%d (%s)", mcfg.name, phase, bsz, T, str(e)[:400])
             strategy = C.build_strategy(cfg)  # drop the state tensors of this point
             torch.cuda.empty_cache()
             yield {**row, "status": "oom"}

@@ -1,0 +1,92 @@
+"""Bad input ends in one clear message and exit status 2, with no traceback and no run directory left."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from pipeline_helpers import TINY
+
+from ssmspec import config as C
+from ssmspec import paths
+
+cpu_only = pytest.mark.skipif(C.cuda_available(), reason="checks the refusal on a machine without CUDA")
+
+CASES = [
+    pytest.param(["experiment=nope"], "unknown experiment 'nope'", id="unknown-experiment"),
+    pytest.param([*TINY, "model=nope"], "unknown model preset 'nope'", id="unknown-preset"),
+    pytest.param([*TINY, "bench.presets=[nope]"], "unknown model preset 'nope'", id="unknown-preset-in-grid"),
+    pytest.param(["profile=cpu"], "no experiment chosen", id="no-experiment"),
+    pytest.param([*TINY, "strategy=nope"], "unknown strategy config 'nope'", id="unknown-strategy"),
+    pytest.param([*TINY, "sampling.temperature=-1"], "temperature must be >= 0", id="temperature"),
+    pytest.param([*TINY, "sampling.top_p=1.5"], "top_p must be in (0, 1]", id="top-p"),
+    pytest.param([*TINY, "sampling.top_k=-2"], "top_k must be >= 0", id="top-k"),
+    pytest.param([*TINY, "bench.batch=[0]"], "positive sizes", id="bench-grid"),
+    pytest.param([*TINY, "no_such_key=1"], "Could not override 'no_such_key'", id="hydra-unknown-key"),
+    pytest.param([*TINY, "model.d_model=wide"], "d_model", id="hydra-bad-type"),
+    pytest.param([*TINY[:1], "profile=gpu"], "profile=gpu needs a CUDA device", marks=cpu_only, id="gpu-profile"),
+    pytest.param([*TINY, "device=cuda"], "device=cuda needs a CUDA device", marks=cpu_only, id="cuda-device"),
+    pytest.param([*TINY, "bench.cuda_graph=true"], "bench.cuda_graph=true needs a CUDA device", marks=cpu_only,
+                 id="cuda-graph-option"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), CASES)
+def test_bad_run_is_one_message_and_no_directory(cli, tmp_path, args, message):
+    out = tmp_path / "out"
+    status, stdout, err = cli("run", *args, f"results_dir={out}")
+    assert status == 2
+    assert message in err and "Traceback" not in err + stdout
+    assert not out.exists() and not (tmp_path / "runs").exists()
+    assert not [p for p in tmp_path.rglob("*") if ".partial-" in p.name]
+
+
+def test_failed_run_keeps_an_existing_results_dir_untouched(cli, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_text('{"old": 1}\n')
+    status, _, err = cli("run", *TINY, "bench.context=[-1]", f"results_dir={out}")
+    assert status == 2 and "positive sizes" in err
+    assert [p.name for p in out.iterdir()] == ["results.jsonl"] and "old" in (out / "results.jsonl").read_text()
+
+
+@cpu_only
+def test_gpu_only_experiment_refused_on_cpu(cli, tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    shutil.copytree(paths.CONF_DIR, conf)
+    text = (conf / "experiment" / "throughput_ar.yaml").read_text()
+    text = text.replace("id: throughput_ar", "id: gpu_only").replace("needs_gpu: false", "needs_gpu: true")
+    text = text.replace("profiles: [cpu, gpu]", "profiles: [gpu]")
+    (conf / "experiment" / "gpu_only.yaml").write_text(text)
+    monkeypatch.setattr(paths, "CONF_DIR", conf)
+    status, _, err = cli("run", "experiment=gpu_only", f"results_dir={tmp_path / 'out'}")
+    assert status == 2 and "needs a CUDA GPU" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    status, out, _ = cli("reproduce", "--profile", "cpu", "--only", "gpu_only")
+    assert status == 0 and "0 experiment(s)" in out  # skipped on the cpu profile, nothing run
+
+
+def test_other_commands_refuse_bad_input(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
+    status, _, err = cli("plot", "nope")
+    assert status == 2 and "unknown experiment 'nope'" in err
+    status, _, err = cli("plot", "throughput_ar")
+    assert status == 2 and "no reference results" in err
+    status, _, err = cli("plot", "throughput_ar", "--from", str(tmp_path))
+    assert status == 2 and "no results.jsonl" in err
+    status, _, err = cli("reproduce", "--only", "nope")
+    assert status == 2 and "unknown experiment" in err
+    status, _, err = cli("run", *TINY, "--save-reference", "-m")
+    assert status == 2 and "--save-reference" in err
+    if not C.cuda_available():
+        status, _, err = cli("reproduce", "--profile", "gpu")
+        assert status == 2 and "profile=gpu needs a CUDA device" in err
+
+
+def test_module_entry_point_exits_2_without_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "ssmspec", "run", "experiment=nope"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line
+    assert proc.stderr.startswith("error: unknown experiment 'nope'") and "Traceback" not in proc.stderr

@@ -1,0 +1,121 @@
+"""A run writes config.yaml, env.json and results.jsonl (atomically); multirun, --save-reference, plot,
+figures and list work end to end on a tiny throughput_ar grid."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+from pipeline_helpers import TINY
+
+from ssmspec import paths
+from ssmspec.runner import RESULT_FILES, staged_dir
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+def _no_partials(folder: Path) -> None:
+    assert not [p for p in folder.rglob("*") if ".partial-" in p.name]
+
+
+def test_run_writes_config_env_and_rows(cli, tmp_path):
+    out = tmp_path / "run"
+    status, _, err = cli("run", *TINY, f"results_dir={out}")
+    assert status == 0, err
+    assert sorted(p.name for p in out.iterdir()) == sorted(RESULT_FILES)
+    _no_partials(tmp_path)
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert (cfg["profile"], cfg["device"], cfg["dtype"]) == ("cpu", "cpu", "float32")
+    assert cfg["experiment"]["id"] == "throughput_ar" and cfg["bench"]["batch"] == [1, 2]
+    env = json.loads((out / "env.json").read_text())
+    for key in ("device", "device_name", "driver", "torch", "triton", "git_sha", "weights"):
+        assert key in env
+    assert env["weights"] == "random" and env["device"] == "cpu"
+    rows = _rows(out)
+    assert [(r["phase"], r["batch"]) for r in rows] == [("prefill", 1), ("prefill", 2), ("decode", 1), ("decode", 2)]
+    for r in rows:
+        assert r["experiment"] == "throughput_ar" and r["weights"] == "random" and r["status"] == "ok"
+        assert r["model"] == "tiny-mamba2" and r["context"] == 8 and r["strategy"] == "autoregressive"
+        assert len(r["samples_ms"]) == 2 == r["n"]
+        assert r["ms_p50"] == pytest.approx(statistics.median(r["samples_ms"]))
+        assert r["ms_p20"] <= r["ms_p50"] <= r["ms_p80"] <= r["ms_p99"]
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / (r["ms_p50"] / 1e3))
+    assert len({r["run_id"] for r in rows}) == 1
+    # plot straight from this run's rows
+    png = tmp_path / "fig.png"
+    status, _, err = cli("plot", "throughput_ar", "--from", str(out), "--out", str(png))
+    assert status == 0, err
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_default_run_dir_is_named_by_time_and_overrides(cli, tmp_path):
+    status, _, err = cli("run", *TINY, "bench.phases=[decode]")
+    assert status == 0, err
+    runs = list((tmp_path / "runs" / "throughput_ar").glob("*/*/results.jsonl"))
+    assert len(runs) == 1
+    name = runs[0].parent.name
+    assert "bench.phases=[decode]" in name and "experiment=" not in name
+    _no_partials(tmp_path)
+
+
+def test_multirun_sweeps_into_one_directory_per_job(cli, tmp_path):
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", *TINY, "bench.batch=[1]", "bench.phases=[decode]", "data.seed=0,1",
+                         f"results_dir={out}")
+    assert status == 0, err
+    jobs = sorted(p for p in out.iterdir() if p.is_dir())
+    assert [j.name[:2] for j in jobs] == ["0_", "1_"]
+    seeds = []
+    for job in jobs:
+        assert sorted(p.name for p in job.iterdir()) == sorted(RESULT_FILES)
+        seeds.append(yaml.safe_load((job / "config.yaml").read_text())["data"]["seed"])
+        assert len(_rows(job)) == 1
+    assert seeds == [0, 1]
+
+
+def test_save_reference_figures_and_list(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
+    ref = tmp_path / "results" / "throughput_ar" / "cpu"
+    status, _, err = cli("run", *TINY, "bench.phases=[decode]", "--save-reference")
+    assert status == 0, err
+    first = _rows(ref)[0]["run_id"]
+    status, _, err = cli("run", *TINY, "bench.phases=[decode]", "bench.batch=[2]", "--save-reference")
+    assert status == 0, err
+    rows = _rows(ref)
+    assert rows[0]["run_id"] != first and [r["batch"] for r in rows] == [2]  # replaced, not appended
+    _no_partials(tmp_path)
+    status, out, err = cli("figures")
+    assert status == 0, err
+    assert (tmp_path / "results" / "figures" / "throughput_ar-cpu.png").read_bytes()[:8] == PNG_MAGIC
+    status, out, _ = cli("list")
+    line = next(ln for ln in out.splitlines() if ln.startswith("throughput_ar"))
+    assert "cpu,gpu" in line and " cpu " in line
+
+
+def test_staged_dir_is_all_or_nothing(tmp_path):
+    new = tmp_path / "new"
+    with pytest.raises(RuntimeError), staged_dir(new) as tmp:
+        (tmp / "results.jsonl").write_text("{}\n")
+        raise RuntimeError("bench failed")
+    assert not new.exists() and list(tmp_path.iterdir()) == []
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "results.jsonl").write_text("old\n")
+    (old / "env.json").write_text("old\n")
+    (old / "notes.txt").write_text("mine\n")
+    with pytest.raises(RuntimeError), staged_dir(old) as tmp:
+        (tmp / "results.jsonl").write_text("new\n")
+        raise RuntimeError("bench failed")
+    assert (old / "results.jsonl").read_text() == "old\n" and len(list(old.iterdir())) == 3
+    with staged_dir(old) as tmp:
+        (tmp / "results.jsonl").write_text("new\n")
+    assert (old / "results.jsonl").read_text() == "new\n"
+    assert not (old / "env.json").exists()  # stale file of the older run
+    assert (old / "notes.txt").exists()  # not a result file: left alone
+    assert sorted(p.name for p in old.iterdir()) == ["notes.txt", "results.jsonl"]
