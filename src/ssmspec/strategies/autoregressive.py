@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmspec.ops.causal_conv1d import causal_conv1d
+from ssmspec.ops.causal_conv1d import causal_conv1d_update
 from ssmspec.ops.selective_state_update import selective_state_update
 from ssmspec.strategies.base import MambaParams, MixerInputs, StepInputs, StrategyBase, register_strategy
 
@@ -17,8 +17,7 @@ class Autoregressive(StrategyBase):
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Feed the call's L tokens one after another into the state (L = 1 in standard decoding)."""
         conv_state, ssm_state = self.conv_state[p.index], self.ssm_state[p.index]
-        xbc, new_conv = causal_conv1d(inp.xbc, p.conv_weight, p.conv_bias, state=conv_state, activation=p.activation)
-        conv_state.copy_(new_conv)
+        xbc = causal_conv1d_update(inp.xbc, conv_state, p.conv_weight, p.conv_bias, activation=p.activation)  # in place
         x, B, C = p.split_xbc(xbc)  # (B, L, H, P), (B, L, G, N) x2
         ys = [selective_state_update(ssm_state, x[:, t], inp.dt[:, t], p.A, B[:, t], C[:, t], p.D,
                                      dt_bias=p.dt_bias, dt_softplus=True, dt_limit=p.dt_limit)
