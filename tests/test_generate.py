@@ -12,6 +12,15 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.distributions import SamplingConfig, target_probs
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 PRESETS = ["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama"]
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [42, 7]]  # lengths 4, 11, 2
 NEW = 10

@@ -10,6 +10,15 @@ from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, Nemot
 from ssmspec.models import load_model, load_preset
 from ssmspec.models.loading import checkpoint_dir, config_from_hf, config_from_mamba_ssm, read_config_json
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 # fields that describe the architecture (name, source, max_seq_len are bookkeeping)
 ARCH = ("family", "d_model", "pattern", "vocab_size", "ssm_heads", "head_dim", "state_size", "n_groups",
         "conv_kernel", "chunk_size", "conv_bias", "proj_bias", "n_heads", "n_kv_heads", "attn_head_dim", "rope",

@@ -5,6 +5,15 @@ import torch
 
 from ssmspec.models import HybridLM, load_preset, preset_names
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 # shared/MODELS.md 3a/3b [D] columns: (I, heads, conv_dim, in_proj out)
 DERIVED = {
     "mamba2-130m": (1536, 24, 1792, 3352), "mamba2-370m": (2048, 32, 2304, 4384),

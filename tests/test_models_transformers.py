@@ -25,6 +25,15 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.base import Verdict
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
 TOL = {"atol": 1e-4, "rtol": 1e-4}  # ours vs transformers
 SELF_TOL = {"atol": 2e-5, "rtol": 1e-5}  # our decode vs our parallel forward
 VOCAB = 100
