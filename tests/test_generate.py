@@ -21,6 +21,7 @@ def _one_torch_thread():
     yield
     torch.set_num_threads(n)
 
+
 PRESETS = ["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama"]
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [42, 7]]  # lengths 4, 11, 2
 NEW = 10

@@ -19,6 +19,7 @@ def _one_torch_thread():
     yield
     torch.set_num_threads(n)
 
+
 # fields that describe the architecture (name, source, max_seq_len are bookkeeping)
 ARCH = ("family", "d_model", "pattern", "vocab_size", "ssm_heads", "head_dim", "state_size", "n_groups",
         "conv_kernel", "chunk_size", "conv_bias", "proj_bias", "n_heads", "n_kv_heads", "attn_head_dim", "rope",

@@ -14,6 +14,7 @@ def _one_torch_thread():
     yield
     torch.set_num_threads(n)
 
+
 # shared/MODELS.md 3a/3b [D] columns: (I, heads, conv_dim, in_proj out)
 DERIVED = {
     "mamba2-130m": (1536, 24, 1792, 3352), "mamba2-370m": (2048, 32, 2304, 4384),

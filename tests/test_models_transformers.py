@@ -34,6 +34,7 @@ def _one_torch_thread():
     yield
     torch.set_num_threads(n)
 
+
 TOL = {"atol": 1e-4, "rtol": 1e-4}  # ours vs transformers
 SELF_TOL = {"atol": 2e-5, "rtol": 1e-5}  # our decode vs our parallel forward
 VOCAB = 100
