@@ -7,10 +7,10 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
    dtype and ``cuda_graph`` fit this machine; the model preset and sampling settings are valid; the
    experiment's ``profile_overrides[profile]`` is merged into ``bench`` (command-line ``bench.*``
    overrides still win). Any problem raises ``UserError`` before a file is written.
-2. write config.yaml (fully resolved) and env.json into a temporary directory next to ``out_dir``,
+2. write config.yaml (fully resolved) and env.json into a temporary directory inside ``out_dir``,
    then stream the bench function's rows into results.jsonl, one JSON line per measurement, adding
    the columns experiment, run_id, profile, device, device_name and weights;
-3. rename the temporary directory into place on success; remove it on any failure.
+3. move the files into ``out_dir`` on success; remove the temporary directory on any failure.
 """
 from __future__ import annotations
 
@@ -92,34 +92,29 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
 def staged_dir(final: Path) -> Iterator[Path]:
     """Yield a temporary directory whose files land in ``final`` only if the block succeeds.
 
-    ``final`` missing or empty (Hydra creates its run dir before the job starts): a sibling temporary
-    directory renamed onto it. ``final`` holding files (``results_dir=`` pointing at an existing folder,
-    ``--save-reference`` over an older reference run): a hidden temporary directory inside it whose files
-    replace the old ones at the end. On failure the temporary directory is removed and ``final`` keeps
-    what it held.
+    The temporary directory is a hidden folder inside ``final`` (created when missing), so ``final``
+    itself is never renamed (it may be a mount point such as a device's $OUT). On success its files
+    replace the result files of an older run there (other files are left alone); on failure it is
+    removed, and so is ``final`` if this call created it.
     """
     final = Path(final).absolute()
-    inside = final.is_dir() and any(final.iterdir())
-    parent = final if inside else final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{final.name}.partial-{uuid.uuid4().hex[:8]}"
+    created = not final.exists()
+    final.mkdir(parents=True, exist_ok=True)
+    tmp = final / f".partial-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created and not any(final.iterdir()):
+            final.rmdir()
         raise
-    if inside:
-        for name in RESULT_FILES:
-            if (final / name).exists() and not (tmp / name).exists():
-                (final / name).unlink()  # stale file of the older run
-        for item in tmp.iterdir():
-            os.replace(item, final / item.name)
-        tmp.rmdir()
-    else:
-        if final.is_dir():
-            final.rmdir()  # empty
-        os.replace(tmp, final)
+    for name in RESULT_FILES:
+        if (final / name).exists() and not (tmp / name).exists():
+            (final / name).unlink()  # stale file of the older run
+    for item in tmp.iterdir():
+        os.replace(item, final / item.name)
+    tmp.rmdir()
 
 
 def _json_default(obj):
