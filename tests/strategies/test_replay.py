@@ -1,6 +1,8 @@
 """`replay` (ReplaySSM, seed 000): lossless greedy decoding (float64) for speculative and standard
 decoding, fp32 logits against one full forward, the ring's pointer and flush bookkeeping over many steps
 (boundary, smallest R, wrap-around, per-sequence flushes), memory accounting, graph-safety, bad input."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -20,18 +22,28 @@ NEW = 16
 
 class ChainOracle:
     """Test drafter: S tokens of a reference greedy continuation, each kept with probability p (per
-    sequence: a list), else replaced by a different random token."""
+    sequence: a list), else replaced by a different random token. With ``parents`` (a static tree, node
+    numbers of each draft's parent) the truth goes down the first child at every level, random tokens
+    elsewhere."""
 
-    name, is_tree = "test-oracle", False
+    name = "test-oracle"
 
-    def __init__(self, ref, *, p, S, seed=0, vocab=300, R=16):
-        self.ref, self.S, self.vocab = ref, S, vocab
+    def __init__(self, ref, *, p, S=0, seed=0, vocab=300, R=16, parents=None):
+        self.ref, self.vocab, self.parents = ref, vocab, parents
         self.p = p if isinstance(p, list) else [p] * len(ref)
         self.gen = torch.Generator().manual_seed(seed)
-        self.spec = SpecConfig(draft_len=S, buffer_size=R)
+        self.depth = [0]
+        for q in parents or []:
+            self.depth.append(self.depth[q] + 1)
+        self.S = max(self.depth) if parents else S
+        self.is_tree = parents is not None
+        self.spec = SpecConfig(draft_len=self.S, tree_size=len(parents) if parents else 0, buffer_size=R)
 
     def reset(self, prompts, *, batch, device):
         self.plen = [len(p) for p in prompts]
+
+    def _rand(self):
+        return int(torch.randint(3, self.vocab, (), generator=self.gen))
 
     def _draft(self, b, t):
         if torch.rand((), generator=self.gen).item() < self.p[b]:
@@ -43,9 +55,22 @@ class ChainOracle:
         for b, hist in enumerate(history):
             k = len(hist) - self.plen[b]  # emitted so far, pending included
             truth = list(self.ref[b][k:k + self.S])
-            truth += [int(torch.randint(3, self.vocab, (), generator=self.gen)) for _ in range(self.S - len(truth))]
-            rows.append([self._draft(b, t) for t in truth])
-        return DraftTree.from_chains(torch.tensor(rows, dtype=torch.long)[:, None])
+            truth += [self._rand() for _ in range(self.S - len(truth))]
+            if self.parents is None:
+                rows.append([self._draft(b, t) for t in truth])
+                continue
+            first = {}  # first child of every node carries the truth
+            for i, q in enumerate(self.parents):
+                first.setdefault(q, i + 1)
+            on_path = {first[0]}
+            while (nxt := first.get(max(on_path))) is not None:
+                on_path.add(nxt)
+            rows.append([self._draft(b, truth[self.depth[i + 1] - 1]) if i + 1 in on_path else self._rand()
+                         for i in range(len(self.parents))])
+        toks = torch.tensor(rows, dtype=torch.long)
+        if self.parents is None:
+            return DraftTree.from_chains(toks[:, None])
+        return DraftTree(toks, torch.tensor(self.parents).expand(len(rows), -1).clone())
 
     def observe(self, verdict):
         pass
@@ -88,16 +113,10 @@ class RingWatch:
 
 def _run(model, drafter, R, S, bsz=3, new=NEW, prompts=PROMPTS):
     strat = make_strategy("replay")
-    hooks = []
-    out_hooks = []
-
-    def attach(rec):  # the strategy allocates inside generate: build the watcher on the prefill record
-        if not hooks:
-            hooks.append(RingWatch(strat, S + 1, R))
-        hooks[0](rec)
-    out = generate(model, prompts[:bsz], max_new_tokens=new, strategy=strat, drafter=drafter,
-                   spec=SpecConfig(draft_len=S, buffer_size=R), hooks=[attach, *out_hooks])
-    return out, hooks[0]
+    spec = SpecConfig(draft_len=S, buffer_size=R) if drafter is None else dataclasses.replace(drafter.spec, buffer_size=R)
+    watch = RingWatch(strat, 1 + spec.nodes, R)
+    out = generate(model, prompts[:bsz], max_new_tokens=new, strategy=strat, drafter=drafter, spec=spec, hooks=[watch])
+    return out, watch
 
 
 @pytest.mark.parametrize("p", [0.0, 0.5, 1.0], ids=lambda p: f"p{p}")
@@ -143,6 +162,22 @@ def test_batch1(setup64):
     model, ref = setup64
     out, _ = _run(model, ChainOracle(ref[1:2], p=0.5, S=3, seed=2), 6, 3, bsz=1, prompts=PROMPTS[1:])
     assert out.sequences == ref[1:2]
+
+
+TREE = [0, 0, 1, 1, 2, 3, 5, 0]  # 8 nodes, depth 3, ragged
+TWO_CHAINS = [0, 1, 2, 0, 4, 5]  # two chains of 3 under the pending token
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0], ids=lambda p: f"p{p}")
+@pytest.mark.parametrize("parents,R", [(TREE, 9), (TREE, 20), (TWO_CHAINS, 7)], ids=["tree-Rmin", "tree-R20", "2xS3-Rmin"])
+def test_tree_greedy_equals_autoregressive(setup64, parents, R, p):
+    """Beyond seed 000: replay verifying a token tree (tree mask over the ring window, accepted path
+    gathered into the ring at commit) is lossless too; the ring bookkeeping follows the same rules."""
+    model, ref = setup64
+    out, watch = _run(model, ChainOracle(ref, p=p, parents=parents, seed=4), R, 0)
+    assert out.sequences == ref
+    if p == 1.0:
+        assert max(out.accepted_histogram()) == 3
 
 
 class _Recorder(GreedyVerifier):
@@ -226,16 +261,16 @@ def test_bad_input_clear_errors(setup64):
     model, ref = setup64
     with pytest.raises(ValueError, match="raise buffer_size to at least 6 or lower S to at most 4"):
         generate(model, PROMPTS, max_new_tokens=4, strategy="replay", drafter=ChainOracle(ref, p=1.0, S=5, R=5))
-    tree = SpecConfig(draft_len=2, tree_size=4, buffer_size=16)
-    with pytest.raises(ValueError, match="chains only"):
-        make_strategy("replay").allocate(model.cfg, 1, tree, "cpu", torch.float64)
-    with pytest.raises(ValueError, match="num_drafts"):
-        make_strategy("replay").allocate(model.cfg, 1, SpecConfig(draft_len=2, num_drafts=2), "cpu", torch.float64)
+    with pytest.raises(ValueError, match="raise buffer_size to at least 9 or draft fewer nodes"):
+        generate(model, PROMPTS, max_new_tokens=4, strategy="replay", drafter=ChainOracle(ref, p=1.0, parents=TREE, R=8))
     s = make_strategy("replay")
     s.allocate(model.cfg, 1, SpecConfig(draft_len=2), "cpu", torch.float64)
-    par = torch.tensor([[0, 0]])
-    with pytest.raises(ValueError, match="tree"):  # a tree drafter that did not say so in its spec
-        s.layout(torch.zeros(1, dtype=torch.long), DraftTree(torch.zeros_like(par), par), torch.tensor([3]))
+    with pytest.raises(ValueError, match="drafter's spec"):  # more drafts than the spec allocated for
+        s.layout(torch.zeros(1, dtype=torch.long), DraftTree.from_chains(torch.zeros(1, 1, 3, dtype=torch.long)),
+                 torch.tensor([3]))
+    chain_only = type("ChainOnlyReplay", (type(s),), {"supports_trees": False})()  # e.g. snapshot's contract
+    with pytest.raises(ValueError, match="verifies chains only; use a chain drafter or a tree strategy"):
+        chain_only.allocate(model.cfg, 1, SpecConfig(draft_len=3, tree_size=8), "cpu", torch.float64)
     with pytest.raises(ValueError, match="unknown strategy 'replay-ssm'; choose one of: .*replay"):
         generate(model, PROMPTS, max_new_tokens=2, strategy="replay-ssm")
     with pytest.raises(ValueError, match="takes no options"):

@@ -16,31 +16,38 @@ the oldest cached entry and the number ``count`` = h of committed entries. One c
 
 The conv runs over [conv state, call tokens] without updating the state (``causal_conv1d_update`` with
 ``update_state=False``), so rejected drafts never reach it.
+
+Beyond seed 000 (DESIGN.md section 2): the drafts may be a token tree (or several chains, which are a tree
+under the pending token). All 1 + T nodes are appended to the ring; each node's output reads the committed
+entries plus its ancestors (``tree_mask`` instead of the causal mask, accumulated decay along ancestors as
+in STree), the conv runs over ancestors (``tree_conv1d``), and commit first gathers the accepted path into
+consecutive ring slots (``replay_commit_path``) and the conv state advances over the path's inputs.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ssmspec.ops.replay import replay_commit, replay_flush_flags, replay_verify
-from ssmspec.strategies._pending_ops import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_flush_flags, replay_verify
+from ssmspec.ops.tree_scan import tree_conv1d
 from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
 
 
 @register_strategy("replay")
 class Replay(StrategyBase):
-    supports_trees = False
+    supports_trees = True
 
     def check_spec(self, spec: SpecConfig) -> None:
         super().check_spec(spec)
-        if spec.num_drafts > 1 and not self.supports_trees:
-            raise ValueError(f"strategy 'replay' verifies one chain per sequence, got num_drafts={spec.num_drafts}; "
-                             f"use num_drafts=1 or a tree strategy (stree)")
         L = self.max_call_len(spec)
         if spec.buffer_size < L:
+            shape = (f"S={spec.draft_len}" if spec.nodes == spec.draft_len else
+                     f"{spec.nodes} draft nodes, S={spec.draft_len}")
+            fix = (f"lower S to at most {spec.buffer_size - 1}" if spec.nodes == spec.draft_len else
+                   "draft fewer nodes per step")
             raise ValueError(f"replay buffer_size R={spec.buffer_size} cannot hold one call of {L} tokens "
-                             f"(pending + {spec.nodes} drafts, S={spec.draft_len}); raise buffer_size to at least "
-                             f"{L} or lower S to at most {spec.buffer_size - 1}")
+                             f"(pending + drafts, {shape}); raise buffer_size to at least {L} or {fix}")
 
     def allocate(self, cfg, batch: int, spec: SpecConfig, device, dtype) -> None:
         super().allocate(cfg, batch, spec, device, dtype)  # ssm_state is the checkpoint S0 of every layer
@@ -55,9 +62,6 @@ class Replay(StrategyBase):
         self.conv_in = torch.zeros(n, batch, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
 
     def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
-        if drafts is not None and not drafts.is_single_chain and not self.supports_trees:
-            raise ValueError("strategy 'replay' verifies one draft chain per sequence but the drafter proposed a "
-                             "tree (or several chains); use a chain drafter with num_drafts=1, or strategy stree")
         if drafts is not None and 1 + drafts.size > self.conv_in.shape[2]:
             raise ValueError(f"the drafter proposed {drafts.size} drafts but replay was allocated for "
                              f"{self.conv_in.shape[2] - 1} (SpecConfig.draft_len); make the drafter's spec match")
@@ -78,19 +82,31 @@ class Replay(StrategyBase):
         if step.valid is not None:
             raise ValueError("replay does not take pad / no-op tokens in decode calls (StepInputs.valid)")
         L = step.length
-        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias,
-                                   activation=p.activation, update_state=False)  # (B, L, conv_dim)
+        if step.tree_mask is None:
+            xbc = causal_conv1d_update(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias,
+                                       activation=p.activation, update_state=False)  # (B, L, conv_dim)
+        else:  # each node's window runs over its ancestors
+            xbc = tree_conv1d(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias, tree_mask=step.tree_mask,
+                              activation=p.activation)
         self.conv_in[i, :, :L] = inp.xbc
         x, B, C = p.split_xbc(xbc)  # (B, L, H, P), (B, L, G, N) x2
         flush = replay_flush_flags(self.count[i], L, self.spec.buffer_size)  # (B,) bool, data not a branch
         y = replay_verify(self.ssm_state[i], self.ring_x[i], self.ring_dt[i], self.ring_B[i], self.head[i],
                           self.count[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_limit=p.dt_limit,
-                          flush=flush)  # (B, L, H, P)
+                          flush=flush, tree_mask=step.tree_mask)  # (B, L, H, P)
         return y.reshape(*y.shape[:2], -1)
 
     def commit(self, verdict, step: StepInputs) -> None:
         """Keep pending + accepted entries: move the pointers, advance the conv state (device-side)."""
-        replay_commit(self.count, verdict.accepted)  # (n, B) += accepted + 1, broadcast over layers
         n, bsz, Lc, cdim = self.conv_in.shape
+        R = self.ring_x.shape[2]
+        conv_in = self.conv_in.view(n * bsz, Lc, cdim)
+        if step.tree_mask is not None:  # a host-side fact of the layout, not data: the path goes first
+            path = verdict.path.repeat(n, 1)  # (n*B, K) node numbers root first, every layer alike
+            replay_commit_path(self.ring_x.view(n * bsz, R, *self.ring_x.shape[3:]),
+                               self.ring_dt.view(n * bsz, R, -1), self.ring_B.view(n * bsz, R, *self.ring_B.shape[3:]),
+                               self.head.view(-1), self.count.view(-1), path)
+            conv_in = conv_in.gather(1, path[..., None].expand(-1, -1, cdim))  # (n*B, K, conv_dim) path inputs
+        replay_commit(self.count, verdict.accepted)  # (n, B) += accepted + 1, broadcast over layers
         keep = (verdict.accepted + 1).repeat(n)  # (n*B,)
-        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), self.conv_in.view(n * bsz, Lc, cdim), keep)
+        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), conv_in, keep)

@@ -22,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmspec.strategies._pending_ops import conv_state_advance, ssm_multistep
+from ssmspec.ops.causal_conv1d import conv_state_advance
+from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.ops.tree_scan import tree_conv1d, tree_scan
 from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
 
@@ -52,7 +53,7 @@ class STree(StrategyBase):
     def _replay(self, p: MambaParams) -> None:
         """Fold the previous call's accepted path into layer ``p.index``'s conv and SSM state (device-side)."""
         i = p.index
-        Lc, cdim = self.cache_pre.shape[2], self.cache_pre.shape[3]
+        cdim = self.cache_pre.shape[3]
         cols = self.replay_cols[:, :, None]  # (B, Lc, 1)
         pre = self.cache_pre[i].gather(1, cols.expand(-1, -1, cdim))  # (B, Lc, conv_dim) path first
         conv_state_advance(self.conv_state[i], pre, self.replay_count)
@@ -60,7 +61,7 @@ class STree(StrategyBase):
         dt = self.cache_dt[i].gather(1, cols.expand(-1, -1, self.cache_dt.shape[3]))  # (B, Lc, H)
         x, B, C = p.split_xbc(post)
         ssm_multistep(self.ssm_state[i], x, dt, p.A, B, C, None, dt_bias=None, dt_softplus=False,
-                      update_count=self.replay_count, store_state=True)
+                      update_count=self.replay_count, store_state=True, output=False)
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Replay last call's accepted path, then verify the packed tree from the committed state."""

@@ -31,6 +31,25 @@ def replay_commit(count: Tensor, accepted: Tensor) -> None:
     count += accepted + 1
 
 
+def replay_commit_path(ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
+                       path: Tensor) -> None:
+    """Tree verify (beyond seed 000): gather the accepted path into consecutive ring slots, before
+    ``replay_commit``. Node s of the call sits at slot (head + count + s) % R; the entry of node path[k] moves
+    to slot (head + count + k) % R for every k (path[k] >= k in topological order, and all moves read
+    before they write). Entries past the accepted count move too but land beyond the pointer. Device-side.
+
+    ring_x (B, R, H, P), ring_dt (B, R, H), ring_B (B, R, G, N) in place; head, count (B,); path (B, K)
+    node numbers root first (``Verdict.path``)."""
+    bsz, R = ring_x.shape[:2]
+    K = path.shape[1]
+    base = head[:, None] + count[:, None]  # (B, 1)
+    src = (base + path) % R  # (B, K)
+    dst = (base + torch.arange(K, device=path.device)[None]) % R
+    rows = torch.arange(bsz, device=path.device)[:, None]
+    for ring in (ring_x, ring_dt, ring_B):
+        ring[rows, dst] = ring[rows, src]  # advanced indexing copies the source first
+
+
 def _window(ring: Tensor, head: Tensor) -> Tensor:
     """ring (B, R, ...) -> (B, R, ...) in window order: entry j = ring[(head + j) % R]."""
     bsz, R = ring.shape[:2]
@@ -41,7 +60,7 @@ def _window(ring: Tensor, head: Tensor) -> Tensor:
 def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                       x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                       dt_bias: Tensor | None, dt_limit: tuple[float, float] = (0.0, float("inf")),
-                      flush: Tensor) -> Tensor:
+                      flush: Tensor, tree_mask: Tensor | None = None) -> Tensor:
     """One ReplaySSM call of L tokens: flush where due, append, output-only readout.
 
     S0 (B, H, P, N) fp32 checkpoint, updated in place where ``flush``; ring_x (B, R, H, P), ring_dt (B, R, H)
@@ -49,7 +68,9 @@ def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tenso
     updated in place where ``flush`` (head += count mod R, count = 0) -- ``count`` is NOT advanced by the
     call (``replay_commit`` does that once the verdict is known); x (B, L, H, P); dt (B, L, H) raw,
     discretized here as softplus(dt + dt_bias) clamped to dt_limit; A (H,); B, C (B, L, G, N); D (H,) or
-    None; flush (B,) bool. Needs count + L <= R after the flush. Returns y (B, L, H, P) in x's dtype.
+    None; flush (B,) bool; tree_mask (B, L, L) bool ancestor-or-self mask when the call's tokens are a packed
+    token tree (beyond seed 000; None = the causal chain of the contract). Needs count + L <= R after the
+    flush. Returns y (B, L, H, P) in x's dtype.
     """
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
@@ -57,6 +78,8 @@ def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tenso
     if ring_x.shape != (bsz, R, H, P) or ring_dt.shape != (bsz, R, H) or ring_B.shape != (bsz, R, G, N):
         raise ValueError(f"ring buffers must be x (B, R, H, P), dt (B, R, H), B (B, R, G, N) with B={bsz}, H={H}, "
                          f"P={P}, G={G}, N={N}; got {tuple(ring_x.shape)}, {tuple(ring_dt.shape)}, {tuple(ring_B.shape)}")
+    if tree_mask is not None and (tree_mask.shape != (bsz, L, L) or tree_mask.dtype != torch.bool):
+        raise ValueError(f"tree_mask must be a bool (B, L, L) = {(bsz, L, L)} tensor, got {tuple(tree_mask.shape)}")
     if L > R:
         raise ValueError(f"a call of L={L} tokens does not fit a ring of R={R}; raise the buffer size R or lower S")
     if S0.shape != (bsz, H, P, N) or S0.dtype != torch.float32:
@@ -87,13 +110,21 @@ def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tenso
     ring_x[rows, slots] = x.to(ring_x.dtype)
     ring_dt[rows, slots] = dtd
     ring_B[rows, slots] = B.to(ring_B.dtype)
-    # 3) output-only readout over the window: token s at position p_s = count + s sees entries j <= p_s
+    # 3) output-only readout: token s sits at window position count + s and sees every committed entry plus
+    #    the call's tokens up to itself (chain) or its ancestors-or-self (tree_mask)
     win_x, win_dt, win_B = _window(ring_x, head).float(), _window(ring_dt, head).float(), _window(ring_B, head).float()
-    pos = count[:, None] + torch.arange(L, device=dev)[None]  # (B, L)
-    live = (ar[None] < (count + L)[:, None]).float()  # (B, R) window entries of this call
-    cum = torch.cumsum(win_dt * live[..., None] * Af, dim=1)  # (B, R, H)
-    cum_s = cum.gather(1, pos[..., None].expand(-1, -1, H))  # (B, L, H) at each token's position
-    see = ar[None, None, :] <= pos[..., None]  # (B, L, R) causal mask over the window
+    a = win_dt * Af  # (B, R, H) log-decay of every window entry
+    rel = ar[None] - count[:, None]  # (B, R) index of a window entry among the call's tokens (< 0: committed)
+    committed = rel < 0
+    if tree_mask is None:
+        see = ar[None, None, :] <= (count[:, None] + torch.arange(L, device=dev)[None])[..., None]  # (B, L, R)
+    else:
+        tm = tree_mask.gather(2, rel.clamp(0, L - 1)[:, None, :].expand(-1, L, -1))  # (B, L, R) mask[s, rel_j]
+        see = committed[:, None, :] | (tm & ((rel >= 0) & (rel < L))[:, None, :])
+    # accumulated log-decay along what each token sees (a prefix sum for a chain, seed 003's A_tree for a tree)
+    cum_s = torch.einsum("blr,brh->blh", see.float(), a)  # (B, L, H)
+    prefix = torch.cumsum(a * committed[..., None], dim=1)  # (B, R, H) for committed entries
+    cum = torch.where(committed[..., None], prefix, cum_s.gather(1, rel.clamp(0, L - 1)[..., None].expand(-1, -1, H)))
     seg = (cum_s[:, :, None, :] - cum[:, None, :, :]).masked_fill(~see[..., None], float("-inf"))  # (B, L, R, H)
     Ch = C.float().repeat_interleave(rep, dim=2)  # (B, L, H, N)
     Bh = win_B.repeat_interleave(rep, dim=2)  # (B, R, H, N)

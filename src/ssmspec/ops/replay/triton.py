@@ -217,10 +217,10 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     kq_ring = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # B_jᵀ C_s of ring entries
     kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
     y = torch.empty_like(x)
-    flag = flush.to(torch.int8) if flush.dtype == torch.bool else flush
+    flag = flush  # bool is read as int1 by the kernels: no conversion launch
     BR = max(16, triton.next_power_of_2(R))
     BL = max(2, triton.next_power_of_2(L))
-    BN = triton.next_power_of_2(N)
+    BN = max(16, triton.next_power_of_2(N))  # the fold's tl.dot needs >= 16
     _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, L, R, N,
                              *ring_B.stride(), *B.stride(), *C.stride(), BLOCK_R=BR, BLOCK_L=BL, BLOCK_N=BN,
                              num_warps=4 if BR * BN <= 4096 else 8)
