@@ -14,14 +14,15 @@ Two kinds of rows (``kind``):
   chain-only strategy gives a row with status ``n/a``.
 - ``sampling``: the emitted-token distribution of sampling verification. With top-k sampling the first
   ``tokens`` emitted tokens have a small support, so their exact joint distribution under the target is
-  enumerated (one forward per prefix) and ``samples`` sequences decoded from one prompt (one batch) are
-  compared with it: Pearson chi-square over the outcomes (cells with expected count < 5 pooled), its
+  enumerated (one forward per prefix) and ``samples`` sequences decoded from one prompt (batches of at most
+  ``max_batch``, each seeded on its own; every strategy gets the same seeds) are compared with it: Pearson chi-square over the outcomes (cells with expected count < 5 pooled), its
   p-value, the total-variation distance ``tv`` and ``tv_noise``, the mean TV of as many exact draws (the
   distance sampling noise alone gives). ``pass`` is p_value >= ``alpha``. Rows for every strategy,
   autoregressive (no drafter) included as the baseline.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 
@@ -225,6 +226,7 @@ def sampling_rows(cfg: DictConfig) -> Iterator[dict]:
         return
     dtype = _dtype(cfg.bench, cfg)
     n, K = int(s.samples), int(s.tokens)
+    chunk = int(s.get("max_batch") or n)  # sequences per generate() call
     scfg = SamplingConfig(temperature=float(s.temperature), top_k=int(s.top_k), seed=int(s.get("seed", 0)))
     if scfg.greedy or not scfg.top_k:
         raise ValueError("bench.sampling needs temperature > 0 and top_k > 0 (the exact distribution is enumerated)")
@@ -246,21 +248,25 @@ def sampling_rows(cfg: DictConfig) -> Iterator[dict]:
         ref = generate(model, [prompt], max_new_tokens=K + 8, strategy="autoregressive", timing=False).sequences
         for name in track(names, desc=f"sampling {mcfg.name}"):
             strat = make_strategy(name)
-            drafter = _make_drafter(d, reference=ref * n, vocab=mcfg.vocab_size) if strat.speculative else None
-            out = generate(model, [prompt] * n, max_new_tokens=K, strategy=strat, drafter=drafter, sampling=scfg,
-                           timing=False)
             counts = torch.zeros(len(outcomes) + 1, dtype=torch.float64)  # last cell: outside the support
-            for seq in out.sequences:
-                counts[index.get(tuple(seq[:K]), len(outcomes))] += 1
+            accepted = []
+            for i, start in enumerate(range(0, n, chunk)):  # chunks bound the state memory (paper-size models)
+                m = min(chunk, n - start)
+                drafter = _make_drafter(d, reference=ref * m, vocab=mcfg.vocab_size) if strat.speculative else None
+                out = generate(model, [prompt] * m, max_new_tokens=K, strategy=strat, drafter=drafter,
+                               sampling=dataclasses.replace(scfg, seed=scfg.seed + i), timing=False)
+                for seq in out.sequences:
+                    counts[index.get(tuple(seq[:K]), len(outcomes))] += 1
+                accepted.append(out.mean_accepted())
             expected = torch.cat([probs * n, torch.zeros(1, dtype=torch.float64)])
             chi2, dof, p = chi_square(counts, expected)
             tv = 0.5 * float((counts / n - torch.cat([probs, torch.zeros(1, dtype=torch.float64)])).abs().sum())
             row = {"kind": "sampling", "model": mcfg.name, "family": mcfg.family, "dtype": C.dtype_name(dtype),
-                   "strategy": name, "drafter": drafter_label(d) if drafter is not None else "none",
+                   "strategy": name, "drafter": drafter_label(d) if strat.speculative else "none",
                    "temperature": scfg.temperature, "top_k": scfg.top_k, "samples": n, "tokens": K,
                    "outcomes": len(outcomes), "chi2": chi2, "dof": dof, "p_value": p, "tv": tv,
                    "tv_noise": sum(noise) / len(noise), "alpha": float(s.alpha), "pass": p >= float(s.alpha),
-                   "mean_accepted": out.mean_accepted(), "status": "ok"}
+                   "mean_accepted": sum(accepted) / len(accepted), "status": "ok"}
             log.info("%-14s %-18s chi2 %.1f dof %d p %.3g tv %.4f (noise %.4f)", mcfg.name, name, chi2, dof, p, tv,
                      row["tv_noise"])
             yield row
