@@ -38,6 +38,7 @@ CASES = [  # (P, L, R, head, count, flush, tree); batch 2, H = 6, G = 3, N = 64
     pytest.param(32, 5, 12, [10, 3], [5, 2], [True, False], False, id="verify-S4-R12-wrap"),
     pytest.param(32, 5, 5, [4, 2], [5, 3], [True, True], False, id="ring-smaller-than-two-windows"),
     pytest.param(32, 6, 12, [9, 4], [4, 6], [False, True], True, id="tree-L6"),
+    pytest.param(32, 3, 8, [6, 1], [3, 2], None, False, id="flush-rule-in-kernel"),  # None: count + 2L > R
 ]
 
 
@@ -48,8 +49,12 @@ def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, device):
     inp = mamba_inputs(bsz, L, H, P, G, N, dtype, device)
     S0 = torch.randn(bsz, H, P, N, generator=torch.Generator().manual_seed(2)).to(device)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
-    kw = dict(dt_bias=inp["dt_bias"], dt_limit=(0.0, 0.5), flush=torch.tensor(flush, device=device),
+    kw = dict(dt_bias=inp["dt_bias"], dt_limit=(0.0, 0.5),
+              flush=None if flush is None else torch.tensor(flush, device=device),
               tree_mask=_tree(L, bsz, device) if tree else None)
+    if flush is None:  # the kernel decides by seed 000's rule; the case mixes a flushing and a waiting row
+        flush = [c + 2 * L > R for c in count]
+        assert any(flush) and not all(flush)
     outs = []
     for backend, dead in (("triton", float("nan")), ("reference", 0.0)):  # the kernel must not read dead slots
         ring = _ring(bsz, R, H, P, G, N, head, count, dtype, device, dead=dead)

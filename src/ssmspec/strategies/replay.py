@@ -7,7 +7,8 @@ the oldest cached entry and the number ``count`` = h of committed entries. One c
 
 1. flush where h + 2L > R (seed 000: one window early, so every step keeps L free slots): fold the h
    committed entries into S0 -- the only state store -- and empty the ring; the flags are per-sequence
-   data (``replay_flush_flags``), never a Python branch, so one captured graph serves every step;
+   data decided inside the verify call (``replay_verify`` with ``flush=None``), never a Python branch, so
+   one captured graph serves every step;
 2. append the L new tokens to the ring and compute their outputs in the output-only form from S0 and
    the ring window under a causal mask (seed 000, Alg. 2 / 4) -- no state is materialized;
 3. ``commit`` moves ``count`` by the accepted count + 1 on the device (rejected entries lie beyond the
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
-from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_flush_flags, replay_verify
+from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_verify
 from ssmspec.ops.tree_scan import tree_conv1d
 from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
 
@@ -90,10 +91,10 @@ class Replay(StrategyBase):
                               activation=p.activation)
         self.conv_in[i, :, :L] = inp.xbc
         x, B, C = p.split_xbc(xbc)  # (B, L, H, P), (B, L, G, N) x2
-        flush = replay_flush_flags(self.count[i], L, self.spec.buffer_size)  # (B,) bool, data not a branch
+        # flush where count + 2L > R: decided per sequence on the device inside the call (data, not a branch)
         y = replay_verify(self.ssm_state[i], self.ring_x[i], self.ring_dt[i], self.ring_B[i], self.head[i],
                           self.count[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_limit=p.dt_limit,
-                          flush=flush, tree_mask=step.tree_mask)  # (B, L, H, P)
+                          flush=None, tree_mask=step.tree_mask)  # (B, L, H, P)
         return y.reshape(*y.shape[:2], -1)
 
     def commit(self, verdict, step: StepInputs) -> None:

@@ -13,7 +13,8 @@ from ssmspec.ops.replay.naive import replay_commit, replay_commit_path, replay_f
 
 def replay_verify(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                   x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
-                  dt_bias: Tensor | None, dt_limit: tuple[float, float] = (0.0, float("inf")), flush: Tensor,
+                  dt_bias: Tensor | None, dt_limit: tuple[float, float] = (0.0, float("inf")),
+                  flush: Tensor | None = None,
                   tree_mask: Tensor | None = None, backend: str = "auto") -> Tensor:
     """One ReplaySSM call of L tokens (seed 000, Alg. 2 / 4): flush where ``flush[b]`` (fold the count[b]
     committed entries into S0[b], head += count mod R, count = 0), append the L tokens at ring slots
@@ -22,8 +23,10 @@ def replay_verify(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, h
 
     S0 (B, H, P, N) fp32; ring_x (B, R, H, P); ring_dt (B, R, H) fp32 discretized; ring_B (B, R, G, N);
     head, count (B,) int64; x (B, L, H, P); dt (B, L, H) raw; A (H,); B, C (B, L, G, N); D (H,);
-    flush (B,) bool; tree_mask (B, L, L) bool ancestor-or-self mask when the call's tokens are a packed
-    token tree (None: a causal chain). Needs count + L <= R after the flush. Returns y (B, L, H, P) in x's dtype.
+    flush (B,) bool, or None for seed 000's rule count + 2L > R decided on the device inside the call (one
+    launch fewer than passing ``replay_flush_flags``); tree_mask (B, L, L) bool ancestor-or-self mask when the
+    call's tokens are a packed token tree (None: a causal chain). Needs count + L <= R after the flush.
+    Returns y (B, L, H, P) in x's dtype.
     """
     if use_triton(S0, ring_x, x, B, C, backend=backend):
         from ssmspec.ops.replay.triton import replay_verify_triton

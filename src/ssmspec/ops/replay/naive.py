@@ -60,7 +60,7 @@ def _window(ring: Tensor, head: Tensor) -> Tensor:
 def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                       x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                       dt_bias: Tensor | None, dt_limit: tuple[float, float] = (0.0, float("inf")),
-                      flush: Tensor, tree_mask: Tensor | None = None) -> Tensor:
+                      flush: Tensor | None = None, tree_mask: Tensor | None = None) -> Tensor:
     """One ReplaySSM call of L tokens: flush where due, append, output-only readout.
 
     S0 (B, H, P, N) fp32 checkpoint, updated in place where ``flush``; ring_x (B, R, H, P), ring_dt (B, R, H)
@@ -68,7 +68,7 @@ def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tenso
     updated in place where ``flush`` (head += count mod R, count = 0) -- ``count`` is NOT advanced by the
     call (``replay_commit`` does that once the verdict is known); x (B, L, H, P); dt (B, L, H) raw,
     discretized here as softplus(dt + dt_bias) clamped to dt_limit; A (H,); B, C (B, L, G, N); D (H,) or
-    None; flush (B,) bool; tree_mask (B, L, L) bool ancestor-or-self mask when the call's tokens are a packed
+    None; flush (B,) bool (None: seed 000's rule count + 2L > R, ``replay_flush_flags``); tree_mask (B, L, L) bool ancestor-or-self mask when the call's tokens are a packed
     token tree (beyond seed 000; None = the causal chain of the contract). Needs count + L <= R after the
     flush. Returns y (B, L, H, P) in x's dtype.
     """
@@ -88,6 +88,8 @@ def replay_verify_ref(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tenso
     rep = H // G
     Af = A.float()
     ar = torch.arange(R, device=dev)
+    if flush is None:
+        flush = replay_flush_flags(count, L, R)
     # 1) flush: fold the committed entries into S0 where flush (state-and-output route)
     win_x, win_dt, win_B = _window(ring_x, head).float(), _window(ring_dt, head).float(), _window(ring_B, head).float()
     fold = (ar[None] < (count * flush)[:, None]).float()  # (B, R) committed entries of flushing rows

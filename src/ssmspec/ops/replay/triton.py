@@ -25,11 +25,15 @@ from ssmspec.ops.triton_common import check_float, discretize, dummy, has_limit,
 
 
 @triton.jit
-def _window(head_ptr, count_ptr, flush_ptr, b, R):
-    """(flush flag, old head, old count, head, count) of sequence b's readout window (after its flush)."""
+def _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH: tl.constexpr):
+    """(flush flag, old head, old count, head, count) of sequence b's readout window (after its flush).
+    Without a flush tensor the flag is seed 000's rule, count + 2L > R, decided here at run time."""
     h0 = tl.load(head_ptr + b).to(tl.int32)
     c0 = tl.load(count_ptr + b).to(tl.int32)
-    f = tl.load(flush_ptr + b).to(tl.int32)
+    if HAS_FLUSH:
+        f = tl.load(flush_ptr + b).to(tl.int32)
+    else:
+        f = (c0 + 2 * L > R).to(tl.int32)
     hd = tl.where(f != 0, (h0 + c0) % R, h0)
     c = tl.where(f != 0, 0, c0)
     return f, h0, c0, hd, c
@@ -38,11 +42,11 @@ def _window(head_ptr, count_ptr, flush_ptr, b, R):
 @triton.jit
 def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_ptr, kqn_ptr, L, R, N,
                    rB_b, rB_r, rB_g, rB_n, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
-                   BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
+                   HAS_FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0)
     g = tl.program_id(1)
     G = tl.num_programs(1)
-    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
     offs_r = tl.arange(0, BLOCK_R)
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
@@ -66,7 +70,8 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
                  bias_ptr, tree_ptr, kqr_ptr, kqn_ptr, y_ptr, L, R, P, N, heads_per_group, lo, hi,
                  S_b, S_h, S_p, S_n, rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
                  x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, C_b, C_l, C_g, C_n, t_b, t_i, t_j, y_b, y_l, y_h, y_p,
-                 HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, TREE: tl.constexpr,
+                 HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                 TREE: tl.constexpr,
                  BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
@@ -74,7 +79,7 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
     H = tl.num_programs(2)
     g = h // heads_per_group
     G = H // heads_per_group
-    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
@@ -150,9 +155,10 @@ def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_pt
                    L, R, H, P, G, N, lo, hi,
                    rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
                    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n,
-                   HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
+                   HAS_FLUSH: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
     b = tl.program_id(0)
-    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, R)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
     offs = tl.arange(0, BLOCK)
     offs_h = tl.arange(0, BLOCK_H)
     if HAS_DT_BIAS:
@@ -189,7 +195,7 @@ def _main_blocks(P: int, N: int, R: int, L: int) -> tuple[int, int]:
 
 def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                          x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
-                         dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor,
+                         dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor | None = None,
                          tree_mask: Tensor | None = None, block_p: int | None = None,
                          num_warps: int | None = None) -> Tensor:
     """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``)."""
@@ -207,7 +213,7 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     if dt.shape != (bsz, L, H) or C.shape != B.shape or B.shape[:2] != (bsz, L) or H % G or A.shape != (H,):
         raise ValueError(f"need dt (B, L, H), A (H,), B and C (B, L, G, N) with H % G == 0; got {tuple(dt.shape)}, "
                          f"{tuple(A.shape)}, {tuple(B.shape)}, {tuple(C.shape)}")
-    if head.shape != (bsz,) or count.shape != (bsz,) or flush.shape != (bsz,):
+    if head.shape != (bsz,) or count.shape != (bsz,) or (flush is not None and flush.shape != (bsz,)):
         raise ValueError(f"head, count and flush must be (B,) = ({bsz},)")
     if tree_mask is not None and (tree_mask.shape != (bsz, L, L) or tree_mask.dtype != torch.bool):
         raise ValueError(f"tree_mask must be a bool (B, L, L) = {(bsz, L, L)} tensor, got {tuple(tree_mask.shape)}")
@@ -217,28 +223,31 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     kq_ring = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # B_jᵀ C_s of ring entries
     kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
     y = torch.empty_like(x)
-    flag = flush  # bool is read as int1 by the kernels: no conversion launch
+    flag = flush if flush is not None else count  # bool is read as int1: no conversion launch; None: the rule
     BR = max(16, triton.next_power_of_2(R))
     BL = max(2, triton.next_power_of_2(L))
     BN = max(16, triton.next_power_of_2(N))  # the fold's tl.dot needs >= 16
     _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, L, R, N,
-                             *ring_B.stride(), *B.stride(), *C.stride(), BLOCK_R=BR, BLOCK_L=BL, BLOCK_N=BN,
+                             *ring_B.stride(), *B.stride(), *C.stride(), HAS_FLUSH=flush is not None, BLOCK_R=BR,
+                             BLOCK_L=BL, BLOCK_N=BN,
                              num_warps=4 if BR * BN <= 4096 else 8)
     bp, nw = _main_blocks(P, N, R, L)
     bp, nw = block_p or bp, num_warps or nw
     lo, hi = limit_args(dt_limit)
-    tm = tree_mask if tree_mask is not None else flag
+    tm = tree_mask if tree_mask is not None else count  # unread without TREE
     tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
     _main_kernel[(triton.cdiv(P, bp), bsz, H)](
         S0, ring_x, ring_dt, ring_B, head, count, flag, x, dt, A, C, D if D is not None else dummy(A),
         dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, y, L, R, P, N, H // G, lo, hi,
         *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(), *C.stride(),
         *tstr, *y.stride(),
-        HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit), TREE=tree_mask is not None,
+        HAS_FLUSH=flush is not None, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None,
+        HAS_LIMIT=has_limit(dt_limit), TREE=tree_mask is not None,
         BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
     _append_kernel[(bsz,)](
         ring_x, ring_dt, ring_B, head, count, flag, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
         L, R, H, P, G, N, lo, hi, *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(),
-        *B.stride(), HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit), BLOCK=1024,
+        *B.stride(), HAS_FLUSH=flush is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
+        BLOCK=1024,
         BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
     return y
