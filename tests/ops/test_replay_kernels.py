@@ -44,7 +44,10 @@ CASES = [  # (P, L, R, head, count, flush, tree); batch 2, H = 6, G = 3, N = 64
 
 @pytest.mark.parametrize("P,L,R,head,count,flush,tree", CASES)
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16")])
-def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, device):
+@pytest.mark.parametrize("gemm", [pytest.param(True, id="gemm"), pytest.param(False, id="rows")])
+def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, gemm, device):
+    """Both forms of the state kernel (tensor-core GEMMs / row reductions) against the reference."""
+    from ssmspec.ops.replay.triton import replay_verify_triton
     bsz, H, G, N = 2, 6, 3, 64
     inp = mamba_inputs(bsz, L, H, P, G, N, dtype, device)
     S0 = torch.randn(bsz, H, P, N, generator=torch.Generator().manual_seed(2)).to(device)
@@ -59,7 +62,9 @@ def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, device):
     for backend, dead in (("triton", float("nan")), ("reference", 0.0)):  # the kernel must not read dead slots
         ring = _ring(bsz, R, H, P, G, N, head, count, dtype, device, dead=dead)
         st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        outs.append((replay_verify(*st, *args, backend=backend, **kw), st))
+        y = (replay_verify_triton(*st, *args, gemm=gemm, **kw) if backend == "triton" else
+             replay_verify(*st, *args, backend=backend, **kw))
+        outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[dtype], "y")
     assert_close(st_k[0], st_r[0], STATE_TOL, "S0")
@@ -73,7 +78,9 @@ def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("L,R", [(1, 8), (7, 16)])
-def test_replay_verify_large(L, R, device):
+@pytest.mark.parametrize("gemm", [pytest.param(True, id="gemm"), pytest.param(False, id="rows")])
+def test_replay_verify_large(L, R, gemm, device):
+    from ssmspec.ops.replay.triton import replay_verify_triton
     bsz, H, P, G, N = 64, 112, 64, 8, 128
     inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device)
     head = torch.randint(0, R, (bsz,)).tolist()
@@ -85,8 +92,10 @@ def test_replay_verify_large(L, R, device):
     for backend, dead in (("triton", float("nan")), ("reference", 0.0)):
         ring = _ring(bsz, R, H, P, G, N, head, count, torch.bfloat16, device, dead=dead)
         st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        outs.append((replay_verify(*st, *args, dt_bias=inp["dt_bias"], flush=torch.tensor(flush, device=device),
-                                   backend=backend), st))
+        kw = dict(dt_bias=inp["dt_bias"], flush=torch.tensor(flush, device=device))
+        y = replay_verify_triton(*st, *args, gemm=gemm, **kw) if backend == "triton" else replay_verify(
+            *st, *args, backend=backend, **kw)
+        outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[torch.bfloat16], "y")
     assert_close(st_k[0], st_r[0], (1e-3, 1e-3), "S0")

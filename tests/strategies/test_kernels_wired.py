@@ -5,7 +5,7 @@ On CPU the kernels run under the Triton interpreter (tiny float32 models, a few 
 the real kernels run, and the ``gpu`` test repeats the check at a published size (mamba2-130m, random
 weights) where the kernels take their real block shapes. Greedy agreement in float32 is exact here
 because the logit margins of these random models are far above the kernels' rounding (about 1e-6), which
-``_reference`` checks so that a near-tie could never make the test pass or fail by luck.
+``_clear_model`` checks so that a near-tie could never make the test pass or fail by luck.
 """
 from __future__ import annotations
 
@@ -71,15 +71,26 @@ def _run(model, prompts, strategy, new, drafter=None):
     return generate(model, prompts, max_new_tokens=new, strategy=strategy, drafter=drafter, timing=False)
 
 
-def _reference(model, prompts, new) -> list[list[int]]:
-    """Autoregressive greedy on the reference ops, refusing a run whose logit margin could flip a token."""
+def _reference(model, prompts, new) -> tuple[list[list[int]], float]:
+    """Autoregressive greedy on the reference ops and the smallest top-1 minus top-2 logit along the way."""
     os.environ["SSMSPEC_OPS_BACKEND"] = "reference"
     rec = _MarginVerifier()
     ref = generate(model, prompts, max_new_tokens=new, strategy="autoregressive", verifier=rec,
                    timing=False).sequences
-    assert rec.margin > 1e-3, f"top-2 logit margin {rec.margin:.2e}: pick another seed"
     os.environ["SSMSPEC_OPS_BACKEND"] = "triton"
-    return ref
+    return ref, rec.margin
+
+
+def _clear_model(preset: str, prompts, new, *, dtype=torch.float32, seeds=range(20), margin=1e-3):
+    """The first seeded random model whose reference run never comes within ``margin`` of a tie, so that
+    kernel rounding (about 1e-6) can neither flip a token nor hide a wrong one; the seed is found on this
+    device (its matmuls round differently from the CPU's)."""
+    for seed in seeds:
+        model = build_model(load_preset(preset), seed=seed, device=DEVICE, dtype=dtype)
+        ref, m = _reference(model, prompts, new)
+        if m > margin:
+            return model, ref
+    raise AssertionError(f"no seed in {seeds} gives {preset} a top-2 logit margin above {margin}")
 
 
 def _expected_kernels(name: str) -> set[str]:
@@ -94,11 +105,9 @@ def _expected_kernels(name: str) -> set[str]:
 
 @pytest.mark.parametrize("strategy", strategy_names())
 def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
-    torch.manual_seed(0)
-    model = build_model(load_preset("tiny-hybrid"), seed=6, device=DEVICE, dtype=torch.float32)
     prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
     new = 8
-    ref = _reference(model, prompts, new)
+    model, ref = _clear_model("tiny-hybrid", prompts, new)
     kernel_calls.clear()
     drafter = None
     if make_strategy(strategy).speculative:
@@ -115,10 +124,9 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
 def test_strategy_on_kernels_at_published_size(strategy, kernel_calls):
     """mamba2-130m sizes (24 layers, H=24, P=64, N=128), random float32 weights, batch 4, S=5: the real
     block shapes of every kernel."""
-    model = build_model(load_preset("mamba2-130m"), seed=0, device=DEVICE, dtype=torch.float32)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 50000, (n,), generator=gen).tolist() for n in (37, 64, 5, 20)]
-    ref = _reference(model, prompts, 24)
+    model, ref = _clear_model("mamba2-130m", prompts, 24, seeds=range(5))
     kernel_calls.clear()
     drafter = Oracle(p=0.7, draft_len=5, num_drafts=1, reference=ref, vocab_size=model.cfg.vocab_size, seed=2)
     out = _run(model, prompts, strategy, 24, drafter)

@@ -45,6 +45,7 @@ def check_float(name: str, t: torch.Tensor, allowed=(torch.float16, torch.bfloat
                          f"cast it, or use backend='reference' (float64 runs only there)")
 
 
-def dummy(t: torch.Tensor) -> torch.Tensor:
-    """A 1-element placeholder for an absent optional tensor (its HAS_* flag keeps it unread)."""
-    return t.new_empty(1)
+def dummy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A 1-element placeholder for an absent optional tensor (its HAS_* flag keeps it unread). An allocation
+    only: no kernel runs (a ``.long()`` of a placeholder would add a conversion launch to every call)."""
+    return torch.empty(1, dtype=dtype or t.dtype, device=t.device)

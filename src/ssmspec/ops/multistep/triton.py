@@ -141,8 +141,8 @@ def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tenso
     _ssm_update_kernel[grid](
         state, x, dt, A, B, C, D if D is not None else dummy(x), z if z is not None else dummy(x),
         dt_bias if dt_bias is not None else dummy(x), yt,
-        rows if rows is not None else dummy(dt).long(), count if count is not None else dummy(dt).long(),
-        dst if dst is not None else dummy(dt).long(),
+        rows if rows is not None else dummy(dt, torch.int64), count if count is not None else dummy(dt, torch.int64),
+        dst if dst is not None else dummy(dt, torch.int64),
         L, P, N, H // G, lo, hi,
         *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *zs, *yt.stride(),
         *(dst.stride() if dst is not None else (0, 0)),

@@ -40,6 +40,13 @@ def _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH: tl.constexpr):
 
 
 @triton.jit
+def _ring_slots(hd, offs_r, R):
+    """Ring slot of window entries hd + offs_r (both < R): one compare, no integer division."""
+    sl = hd + offs_r
+    return tl.where(sl >= R, sl - R, sl)
+
+
+@triton.jit
 def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_ptr, kqn_ptr, L, R, N,
                    rB_b, rB_r, rB_g, rB_n, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
                    HAS_FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -51,7 +58,7 @@ def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    slots = (hd + offs_r) % R  # (BLOCK_R,) ring slot of window entry j
+    slots = _ring_slots(hd, offs_r, R)  # (BLOCK_R,) ring slot of window entry j
     live = offs_r < c
     Br = tl.load(ringB_ptr + b * rB_b + slots[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
                  mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
@@ -66,46 +73,27 @@ def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_
 
 
 @triton.jit
-def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, A_ptr, C_ptr, D_ptr,
-                 bias_ptr, tree_ptr, kqr_ptr, kqn_ptr, y_ptr, L, R, P, N, heads_per_group, lo, hi,
-                 S_b, S_h, S_p, S_n, rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
-                 x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, C_b, C_l, C_g, C_n, t_b, t_i, t_j, y_b, y_l, y_h, y_p,
-                 HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr,
-                 TREE: tl.constexpr,
-                 BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1)
-    h = tl.program_id(2)
-    H = tl.num_programs(2)
+def _window_kernel(rx_ptr, rdt_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, bias_ptr, tree_ptr,
+                   kqr_ptr, kqn_ptr, part_ptr, dec_ptr, L, R, P, heads_per_group, lo, hi,
+                   rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, t_b, t_i, t_j,
+                   HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                   TREE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Everything of the readout that does not touch the state, once per (sequence, head):
+    part[s] = Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j over the window entries j visible to token s (committed
+    ring entries, then the call's tokens under the causal or tree mask) + D·x_s, and dec[s] = exp(cum_s)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    H = tl.num_programs(1)
     g = h // heads_per_group
     G = H // heads_per_group
-    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    offs_p = tl.arange(0, BLOCK_P)
     offs_r = tl.arange(0, BLOCK_R)
     offs_l = tl.arange(0, BLOCK_L)
     mask_p = offs_p < P
-    mask_n = offs_n < N
     mask_l = offs_l < L
     A = tl.load(A_ptr + h).to(tl.float32)
-    s_ptrs = S_ptr + b * S_b + h * S_h + offs_p[:, None] * S_p + offs_n[None, :] * S_n
-    S = tl.load(s_ptrs, mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_P, BLOCK_N) checkpoint tile
-    if f * c0 > 0:  # flush with a non-empty ring: fold the committed entries, the only state store
-        old = (h0 + offs_r) % R
-        live = offs_r < c0
-        dto = tl.load(rdt_ptr + b * rdt_b + old * rdt_r + h * rdt_h, mask=live, other=0.0)  # (BLOCK_R,)
-        ao = A * dto
-        cumo = tl.cumsum(ao, axis=0)
-        tot = tl.sum(ao, axis=0)
-        wo = tl.where(live, tl.exp(tot - cumo) * dto, 0.0)  # decay from entry j to the end of the window
-        Xo = tl.load(rx_ptr + b * rx_b + old[:, None] * rx_r + h * rx_h + offs_p[None, :] * rx_p,
-                     mask=live[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
-        Bo = tl.load(rB_ptr + b * rB_b + old[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
-                     mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
-        S = tl.exp(tot) * S + tl.dot(tl.trans(Xo * wo[:, None]), Bo, input_precision="ieee")
-        tl.store(s_ptrs, S, mask=mask_p[:, None] & mask_n[None, :])
-    # readout window: committed entries j < c from the ring, then the call's tokens from the inputs
-    slots = (hd + offs_r) % R
+    slots = _ring_slots(hd, offs_r, R)
     live_r = offs_r < c
     dtr = tl.load(rdt_ptr + b * rdt_b + slots * rdt_r + h * rdt_h, mask=live_r, other=0.0)
     cumr = tl.cumsum(A * dtr, axis=0)  # (BLOCK_R,) log-decay from the checkpoint to entry j
@@ -132,22 +120,88 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
     kqr = kqr_ptr + (b * G + g) * L * R
     kqn = kqn_ptr + (b * G + g) * L * L
     for s in range(0, L):
-        Cs = tl.load(C_ptr + b * C_b + s * C_l + g * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
         cs = tl.sum(tl.where(offs_l == s, cumn, 0.0), axis=0)  # log-decay from the checkpoint to token s
-        yv = tl.exp(cs) * tl.sum(S * Cs[None, :], axis=1)  # (BLOCK_P,) checkpoint readout
         kr = tl.load(kqr + s * R + offs_r, mask=live_r, other=0.0)
         wr = tl.where(live_r, tl.exp(cs - cumr) * dtr * kr, 0.0)  # (BLOCK_R,)
-        yv += tl.sum(wr[:, None] * Xr, axis=0)
         if TREE:
             vis = tl.load(tree_ptr + b * t_b + s * t_i + offs_l * t_j, mask=mask_l, other=0) != 0
         else:
             vis = offs_l <= s
         kn = tl.load(kqn + s * L + offs_l, mask=mask_l, other=0.0)
         wn = tl.where(vis & mask_l, tl.exp(cs - cumn) * dtn * kn, 0.0)  # (BLOCK_L,)
-        yv += tl.sum(wn[:, None] * Xn, axis=0)
         if HAS_D:
-            yv += Dh * tl.sum(tl.where((offs_l == s)[:, None], Xn, 0.0), axis=0)
-        tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, yv, mask=mask_p)
+            wn += tl.where(offs_l == s, Dh, 0.0)  # the skip term D·x_s
+        part = tl.sum(wr[:, None] * Xr, axis=0) + tl.sum(wn[:, None] * Xn, axis=0)  # (BLOCK_P,)
+        tl.store(part_ptr + ((b * L + s) * H + h) * P + offs_p, part, mask=mask_p)
+        tl.store(dec_ptr + (b * L + s) * H + h, tl.exp(cs))
+
+
+@triton.jit
+def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, A_ptr, C_ptr, part_ptr, dec_ptr,
+                 y_ptr, L, R, P, N, heads_per_group,
+                 S_b, S_h, S_p, S_n, rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
+                 C_b, C_l, C_g, C_n, y_b, y_l, y_h, y_p,
+                 HAS_FLUSH: tl.constexpr, DOT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_LD: tl.constexpr):
+    """The state part, per (sequence, head, BLOCK_P rows): one load of the checkpoint tile; where the sequence
+    flushes, the fold of its committed entries and the only state store; y_s = dec_s·(S0 C_s) + part_s.
+    DOT: the fold and the readout as tensor-core GEMMs (tf32x3, fp32-accurate) for multi-token calls; else
+    one rank-1 update per folded entry and one row reduction per token (single-token decode)."""
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    H = tl.num_programs(2)
+    g = h // heads_per_group
+    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    s_ptrs = S_ptr + b * S_b + h * S_h + offs_p[:, None] * S_p + offs_n[None, :] * S_n
+    S = tl.load(s_ptrs, mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_P, BLOCK_N) checkpoint tile
+    if f * c0 > 0:  # flush with a non-empty ring: fold the committed entries, the only state store
+        A = tl.load(A_ptr + h).to(tl.float32)
+        if DOT:  # S <- exp(Σa)·S + (X ∘ w)ᵀ B over the c0 entries, w_j = exp(Σa − cum_j)·dt_j
+            offs_r = tl.arange(0, BLOCK_R)
+            old = _ring_slots(h0, offs_r, R)
+            live = offs_r < c0
+            dto = tl.load(rdt_ptr + b * rdt_b + old * rdt_r + h * rdt_h, mask=live, other=0.0)  # (BLOCK_R,)
+            cumo = tl.cumsum(A * dto, axis=0)
+            tot = tl.sum(A * dto, axis=0)
+            wo = tl.where(live, tl.exp(tot - cumo) * dto, 0.0)
+            XoT = tl.load(rx_ptr + b * rx_b + old[None, :] * rx_r + h * rx_h + offs_p[:, None] * rx_p,
+                          mask=live[None, :] & mask_p[:, None], other=0.0).to(tl.float32)  # (BLOCK_P, BLOCK_R)
+            Bo = tl.load(rB_ptr + b * rB_b + old[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
+                         mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
+            S = tl.exp(tot) * S + tl.dot(XoT * wo[None, :], Bo, input_precision="tf32x3")
+        else:
+            for j in range(0, c0):  # the recurrence itself, one rank-1 update per entry (flush steps only)
+                slot = (h0 + j) % R
+                dtj = tl.load(rdt_ptr + b * rdt_b + slot * rdt_r + h * rdt_h)
+                xj = tl.load(rx_ptr + b * rx_b + slot * rx_r + h * rx_h + offs_p * rx_p, mask=mask_p,
+                             other=0.0).to(tl.float32)  # (BLOCK_P,)
+                Bj = tl.load(rB_ptr + b * rB_b + slot * rB_r + g * rB_g + offs_n * rB_n, mask=mask_n,
+                             other=0.0).to(tl.float32)  # (BLOCK_N,)
+                S = S * tl.exp(A * dtj) + (dtj * xj)[:, None] * Bj[None, :]
+        tl.store(s_ptrs, S, mask=mask_p[:, None] & mask_n[None, :])
+    if DOT:  # Y = S0 · [C_0 .. C_{L-1}] in one GEMM, (BLOCK_P, BLOCK_LD)
+        offs_s = tl.arange(0, BLOCK_LD)
+        mask_s = offs_s < L
+        Ct = tl.load(C_ptr + b * C_b + offs_s[None, :] * C_l + g * C_g + offs_n[:, None] * C_n,
+                     mask=mask_s[None, :] & mask_n[:, None], other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_LD)
+        Y = tl.dot(S, Ct, input_precision="tf32x3")
+        dec = tl.load(dec_ptr + (b * L + offs_s) * H + h, mask=mask_s, other=0.0)  # (BLOCK_LD,)
+        m2 = mask_p[:, None] & mask_s[None, :]
+        part = tl.load(part_ptr + ((b * L + offs_s[None, :]) * H + h) * P + offs_p[:, None], mask=m2, other=0.0)
+        tl.store(y_ptr + b * y_b + offs_s[None, :] * y_l + h * y_h + offs_p[:, None] * y_p,
+                 Y * dec[None, :] + part, mask=m2)
+    else:
+        for s in range(0, L):
+            Cs = tl.load(C_ptr + b * C_b + s * C_l + g * C_g + offs_n * C_n, mask=mask_n, other=0.0).to(tl.float32)
+            dec = tl.load(dec_ptr + (b * L + s) * H + h)
+            part = tl.load(part_ptr + ((b * L + s) * H + h) * P + offs_p, mask=mask_p, other=0.0)
+            tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, dec * tl.sum(S * Cs[None, :], axis=1) + part,
+                     mask=mask_p)
 
 
 @triton.jit
@@ -186,19 +240,23 @@ def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_pt
     tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
 
 
-def _main_blocks(P: int, N: int, R: int, L: int) -> tuple[int, int]:
-    """(BLOCK_P, num_warps) of the main kernel, chosen by hand (it writes S0 in place on flush steps): 16 rows
-    of P (the tl.dot of the fold needs >= 16) keep the per-program extras (kq row, ring dt, ring x columns)
-    small next to the 8 KB of state a program reads for N = 128."""
-    return min(max(16, triton.next_power_of_2(P) // 4 if N <= 64 else 16), max(16, triton.next_power_of_2(P))), 4
+def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) of the state kernel, chosen by hand (it writes S0 in place on flush steps, so it is
+    never autotuned; evidence: the ``sweep`` rows of replay_fig7_buffer). 16 rows x N = 128 is 8 KB of fp32
+    state a program, enough bytes in flight per program at 4 warps while the grid (P/16 x B x H) fills the GPU
+    at decode batches; the GEMM form needs M >= 16 anyway."""
+    bp = 16 if N >= 64 else 32
+    return min(max(16, bp), max(16, triton.next_power_of_2(P))), 4
 
 
 def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                          x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                          dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor | None = None,
                          tree_mask: Tensor | None = None, block_p: int | None = None,
-                         num_warps: int | None = None) -> Tensor:
-    """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``)."""
+                         num_warps: int | None = None, gemm: bool | None = None) -> Tensor:
+    """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``). ``block_p`` / ``num_warps`` / ``gemm``
+    override the hand-picked launch of the state kernel (benchmark sweeps); ``gemm`` None: tensor-core GEMMs
+    for calls of L >= 2 tokens, row reductions for single-token decode."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -222,32 +280,39 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     dev = x.device
     kq_ring = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # B_jᵀ C_s of ring entries
     kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
+    part = torch.empty(bsz, L, H, P, device=dev, dtype=torch.float32)  # readout terms that skip the state
+    dec = torch.empty(bsz, L, H, device=dev, dtype=torch.float32)  # exp(cum_s): decay of the checkpoint
     y = torch.empty_like(x)
     flag = flush if flush is not None else count  # bool is read as int1: no conversion launch; None: the rule
-    BR = max(16, triton.next_power_of_2(R))
+    has_flush = flush is not None
+    BR = max(16, triton.next_power_of_2(R))  # >= 16: the fold GEMM's inner dimension
     BL = max(2, triton.next_power_of_2(L))
-    BN = max(16, triton.next_power_of_2(N))  # the fold's tl.dot needs >= 16
+    BN = max(16, triton.next_power_of_2(N))
     _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, L, R, N,
-                             *ring_B.stride(), *B.stride(), *C.stride(), HAS_FLUSH=flush is not None, BLOCK_R=BR,
+                             *ring_B.stride(), *B.stride(), *C.stride(), HAS_FLUSH=has_flush, BLOCK_R=BR,
                              BLOCK_L=BL, BLOCK_N=BN,
                              num_warps=4 if BR * BN <= 4096 else 8)
-    bp, nw = _main_blocks(P, N, R, L)
-    bp, nw = block_p or bp, num_warps or nw
     lo, hi = limit_args(dt_limit)
     tm = tree_mask if tree_mask is not None else count  # unread without TREE
     tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
+    BP = max(2, triton.next_power_of_2(P))
+    _window_kernel[(bsz, H)](
+        ring_x, ring_dt, head, count, flag, x, dt, A, D if D is not None else dummy(A),
+        dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, part, dec, L, R, P, H // G, lo, hi,
+        *ring_x.stride(), *ring_dt.stride(), *x.stride(), *dt.stride(), *tstr,
+        HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
+        TREE=tree_mask is not None, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BL, num_warps=4 if BR * BP <= 4096 else 8)
+    use_dot = L >= 2 if gemm is None else gemm
+    bp, nw = _main_blocks(P, N, L, use_dot)
+    bp, nw = block_p or bp, num_warps or nw
     _main_kernel[(triton.cdiv(P, bp), bsz, H)](
-        S0, ring_x, ring_dt, ring_B, head, count, flag, x, dt, A, C, D if D is not None else dummy(A),
-        dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, y, L, R, P, N, H // G, lo, hi,
-        *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(), *C.stride(),
-        *tstr, *y.stride(),
-        HAS_FLUSH=flush is not None, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None,
-        HAS_LIMIT=has_limit(dt_limit), TREE=tree_mask is not None,
-        BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
+        S0, ring_x, ring_dt, ring_B, head, count, flag, A, C, part, dec, y, L, R, P, N, H // G,
+        *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *C.stride(), *y.stride(),
+        HAS_FLUSH=has_flush, DOT=use_dot, BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_LD=max(16, BL), num_warps=nw)
     _append_kernel[(bsz,)](
         ring_x, ring_dt, ring_B, head, count, flag, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
         L, R, H, P, G, N, lo, hi, *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(),
-        *B.stride(), HAS_FLUSH=flush is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
+        *B.stride(), HAS_FLUSH=has_flush, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
         BLOCK=1024,
         BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
     return y
