@@ -74,74 +74,88 @@ def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_
 
 @triton.jit
 def _window_kernel(rx_ptr, rdt_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, A_ptr, D_ptr, bias_ptr, tree_ptr,
-                   kqr_ptr, kqn_ptr, part_ptr, dec_ptr, L, R, H, heads_per_group, lo, hi,
+                   kqr_ptr, kqn_ptr, part_ptr, dec_ptr, L, R, P, heads_per_group, lo, hi,
                    rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, t_b, t_i, t_j,
-                   P: tl.constexpr, HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                   HAS_LIMIT: tl.constexpr, TREE: tl.constexpr, BLOCK_HP: tl.constexpr, BLOCK_R: tl.constexpr,
+                   HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr,
+                   TREE: tl.constexpr, MATRIX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
                    BLOCK_L: tl.constexpr):
-    """Everything of the readout that does not touch the state, per (sequence, BLOCK_HP consecutive elements of
-    the flattened (H, P) axis -- several heads a program, so the short chain of dependent loads (pointers ->
-    ring dt -> weights) is paid once for many heads): part_s = Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j over the
-    window entries j visible to token s (committed ring entries, then the call's tokens under the causal or
-    tree mask) + D·x_s, and dec_s = exp(cum_s). Tiles are (window entry, head·P); every reduction runs along
-    the entry axis. Per-head scalars (dt, A, kq) are loaded per element: P-fold redundant, L1 hits."""
+    """Everything of the readout that does not touch the state, once per (sequence, head):
+    part[s] = Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j over the window entries j visible to token s (committed
+    ring entries, then the call's tokens under the causal or tree mask) + D·x_s, and dec[s] = exp(cum_s).
+    MATRIX (multi-token calls, BLOCK_L >= 16): the weights of all tokens as two small matrices and part as two
+    fp32 GEMMs, part = W_ring X_ring + W_new X_new; else one token at a time (single-token decode)."""
     b = tl.program_id(0)
-    hp = tl.program_id(1) * BLOCK_HP + tl.arange(0, BLOCK_HP)  # (BLOCK_HP,) flat (head, p) index
-    hh = hp // P
-    pp = hp % P
-    mask_hp = hh < H
+    h = tl.program_id(1)
+    H = tl.num_programs(1)
+    g = h // heads_per_group
     G = H // heads_per_group
-    g = hh // heads_per_group
     _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    offs_p = tl.arange(0, BLOCK_P)
     offs_r = tl.arange(0, BLOCK_R)
     offs_l = tl.arange(0, BLOCK_L)
+    mask_p = offs_p < P
     mask_l = offs_l < L
-    A = tl.load(A_ptr + hh, mask=mask_hp, other=0.0).to(tl.float32)  # (BLOCK_HP,)
+    A = tl.load(A_ptr + h).to(tl.float32)
     slots = _ring_slots(hd, offs_r, R)
     live_r = offs_r < c
-    m_r = live_r[:, None] & mask_hp[None, :]
-    dtr = tl.load(rdt_ptr + b * rdt_b + slots[:, None] * rdt_r + hh[None, :] * rdt_h, mask=m_r, other=0.0)
-    cumr = tl.cumsum(A[None, :] * dtr, axis=0)  # (BLOCK_R, BLOCK_HP) log-decay from the checkpoint to entry j
-    Tc = tl.sum(A[None, :] * dtr, axis=0)  # (BLOCK_HP,)
-    Xr = tl.load(rx_ptr + b * rx_b + slots[:, None] * rx_r + hh[None, :] * rx_h + pp[None, :] * rx_p, mask=m_r,
-                 other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_HP)
-    m_l = mask_l[:, None] & mask_hp[None, :]
+    dtr = tl.load(rdt_ptr + b * rdt_b + slots * rdt_r + h * rdt_h, mask=live_r, other=0.0)
+    cumr = tl.cumsum(A * dtr, axis=0)  # (BLOCK_R,) log-decay from the checkpoint to entry j
+    Tc = tl.sum(A * dtr, axis=0)
+    Xr = tl.load(rx_ptr + b * rx_b + slots[:, None] * rx_r + h * rx_h + offs_p[None, :] * rx_p,
+                 mask=live_r[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
     if HAS_DT_BIAS:
-        bias = tl.load(bias_ptr + hh, mask=mask_hp, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + h).to(tl.float32)
     else:
-        bias = tl.zeros([BLOCK_HP], dtype=tl.float32)
-    dtn = tl.load(dt_ptr + b * dt_b + offs_l[:, None] * dt_l + hh[None, :] * dt_h, mask=m_l, other=0.0).to(tl.float32)
-    dtn = tl.where(m_l, discretize(dtn, bias[None, :], lo, hi, True, HAS_LIMIT), 0.0)  # (BLOCK_L, BLOCK_HP)
-    an = A[None, :] * dtn
-    if TREE:  # accumulated decay along each token's ancestors-or-self (STree's A_tree), row by row
-        cumn = tl.zeros([BLOCK_L, BLOCK_HP], dtype=tl.float32)
-        for j in range(0, L):
-            mj = tl.load(tree_ptr + b * t_b + j * t_i + offs_l * t_j, mask=mask_l, other=0) != 0  # (BLOCK_L,)
-            row = Tc + tl.sum(tl.where(mj[:, None], an, 0.0), axis=0)
-            cumn = tl.where((offs_l == j)[:, None], row[None, :], cumn)
+        bias = 0.0
+    dtn = tl.load(dt_ptr + b * dt_b + offs_l * dt_l + h * dt_h, mask=mask_l, other=0.0).to(tl.float32)
+    dtn = tl.where(mask_l, discretize(dtn, bias, lo, hi, True, HAS_LIMIT), 0.0)  # (BLOCK_L,)
+    an = A * dtn
+    if TREE:  # accumulated decay along each token's ancestors-or-self (STree's A_tree)
+        M = tl.load(tree_ptr + b * t_b + offs_l[:, None] * t_i + offs_l[None, :] * t_j,
+                    mask=mask_l[:, None] & mask_l[None, :], other=0).to(tl.float32)
+        cumn = Tc + tl.sum(M * an[None, :], axis=1)
     else:
-        cumn = Tc[None, :] + tl.cumsum(an, axis=0)  # (BLOCK_L, BLOCK_HP)
-    Xn = tl.load(x_ptr + b * x_b + offs_l[:, None] * x_l + hh[None, :] * x_h + pp[None, :] * x_p, mask=m_l,
-                 other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_HP)
+        cumn = Tc + tl.cumsum(an, axis=0)  # (BLOCK_L,)
+    Xn = tl.load(x_ptr + b * x_b + offs_l[:, None] * x_l + h * x_h + offs_p[None, :] * x_p,
+                 mask=mask_l[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_P)
     if HAS_D:
-        Dh = tl.load(D_ptr + hh, mask=mask_hp, other=0.0).to(tl.float32)
-    kq_row = (b * G + g) * L  # (BLOCK_HP,) first kq row of each element's group
-    for s in range(0, L):
-        cs = tl.sum(tl.where((offs_l == s)[:, None], cumn, 0.0), axis=0)  # (BLOCK_HP,) decay to token s
-        kr = tl.load(kqr_ptr + (kq_row + s)[None, :] * R + offs_r[:, None], mask=m_r, other=0.0)
-        wr = tl.where(m_r, tl.exp(cs[None, :] - cumr) * dtr * kr, 0.0)  # (BLOCK_R, BLOCK_HP)
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+    kqr = kqr_ptr + (b * G + g) * L * R
+    kqn = kqn_ptr + (b * G + g) * L * L
+    if MATRIX:
+        offs_j = tl.arange(0, BLOCK_L)  # the same token index, as a column of the weight matrices
+        m_r = mask_l[:, None] & live_r[None, :]  # (BLOCK_L, BLOCK_R)
+        kr = tl.load(kqr + offs_l[:, None] * R + offs_r[None, :], mask=m_r, other=0.0)
+        Wr = tl.where(m_r, tl.exp(tl.where(m_r, cumn[:, None] - cumr[None, :], 0.0)) * dtr[None, :] * kr, 0.0)
         if TREE:
-            vis = tl.load(tree_ptr + b * t_b + s * t_i + offs_l * t_j, mask=mask_l, other=0) != 0
+            vis = M != 0
         else:
-            vis = offs_l <= s
-        m_v = vis[:, None] & m_l
-        kn = tl.load(kqn_ptr + (kq_row + s)[None, :] * L + offs_l[:, None], mask=m_v, other=0.0)
-        wn = tl.where(m_v, tl.exp(cs[None, :] - cumn) * dtn * kn, 0.0)  # (BLOCK_L, BLOCK_HP)
+            vis = offs_j[None, :] <= offs_l[:, None]
+        m_n = vis & mask_l[:, None] & (offs_j < L)[None, :]  # (BLOCK_L, BLOCK_L) token s sees token j
+        kn = tl.load(kqn + offs_l[:, None] * L + offs_j[None, :], mask=m_n, other=0.0)
+        Wn = tl.where(m_n, tl.exp(tl.where(m_n, cumn[:, None] - cumn[None, :], 0.0)) * dtn[None, :] * kn, 0.0)
         if HAS_D:
-            wn += tl.where((offs_l == s)[:, None], Dh[None, :], 0.0)  # the skip term D·x_s
-        part = tl.sum(wr * Xr, axis=0) + tl.sum(wn * Xn, axis=0)  # (BLOCK_HP,)
-        tl.store(part_ptr + (b * L + s) * H * P + hp, part, mask=mask_hp)
-        tl.store(dec_ptr + (b * L + s) * H + hh, tl.exp(cs), mask=mask_hp & (pp == 0))
+            Wn += tl.where(offs_l[:, None] == offs_j[None, :], Dh, 0.0)  # the skip term D·x_s
+        part = tl.dot(Wr, Xr, input_precision="ieee") + tl.dot(Wn, Xn, input_precision="ieee")  # (BLOCK_L, BLOCK_P)
+        tl.store(part_ptr + ((b * L + offs_l[:, None]) * H + h) * P + offs_p[None, :], part,
+                 mask=mask_l[:, None] & mask_p[None, :])
+        tl.store(dec_ptr + (b * L + offs_l) * H + h, tl.exp(cumn), mask=mask_l)
+    else:
+        for s in range(0, L):
+            cs = tl.sum(tl.where(offs_l == s, cumn, 0.0), axis=0)  # log-decay from the checkpoint to token s
+            kr = tl.load(kqr + s * R + offs_r, mask=live_r, other=0.0)
+            wr = tl.where(live_r, tl.exp(cs - cumr) * dtr * kr, 0.0)  # (BLOCK_R,)
+            if TREE:
+                vis = tl.load(tree_ptr + b * t_b + s * t_i + offs_l * t_j, mask=mask_l, other=0) != 0
+            else:
+                vis = offs_l <= s
+            kn = tl.load(kqn + s * L + offs_l, mask=mask_l, other=0.0)
+            wn = tl.where(vis & mask_l, tl.exp(cs - cumn) * dtn * kn, 0.0)  # (BLOCK_L,)
+            if HAS_D:
+                wn += tl.where(offs_l == s, Dh, 0.0)  # the skip term D·x_s
+            part = tl.sum(wr[:, None] * Xr, axis=0) + tl.sum(wn[:, None] * Xn, axis=0)  # (BLOCK_P,)
+            tl.store(part_ptr + ((b * L + s) * H + h) * P + offs_p, part, mask=mask_p)
+            tl.store(dec_ptr + (b * L + s) * H + h, tl.exp(cs))
 
 
 @triton.jit
@@ -250,11 +264,13 @@ def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_pt
 
 def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
     """(BLOCK_P, num_warps) of the state kernel, chosen by hand (it writes S0 in place on flush steps, so it is
-    never autotuned; evidence: the ``sweep`` rows of replay_fig7_buffer). 16 rows x N = 128 is 8 KB of fp32
-    state a program, enough bytes in flight per program at 4 warps while the grid (P/16 x B x H) fills the GPU
-    at decode batches; the GEMM form needs M >= 16 anyway."""
+    never autotuned; evidence: the ``sweep`` rows of replay_fig7_buffer and the multistep sweep in
+    ``ops/multistep/triton.py:_blocks``). 16 rows x N = 128 is 8 KB of fp32 state a program: at 4 warps
+    enough bytes in flight per program for single-token decode while the grid (P/16 x B x H) fills the GPU;
+    multi-token calls are bound by one row reduction per token, which 2 warps keep more inside each thread.
+    The GEMM form needs M >= 16 anyway."""
     bp = 16 if N >= 64 else 32
-    return min(max(16, bp), max(16, triton.next_power_of_2(P))), 4
+    return min(bp, max(16, triton.next_power_of_2(P))), (4 if L <= 1 or dot else 2)
 
 
 def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
@@ -304,15 +320,16 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     lo, hi = limit_args(dt_limit)
     tm = tree_mask if tree_mask is not None else count  # unread without TREE
     tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
-    # ~4K elements per (window entry, head·P) tile: several heads a program, ~16 registers a tile at 8 warps
-    BHP = min(triton.next_power_of_2(H * P), max(128, 4096 // max(BR, BL)))
-    _window_kernel[(bsz, triton.cdiv(H * P, BHP))](
+    matrix = L >= 2
+    BLw = max(16, BL) if matrix else BL  # tl.dot needs >= 16 rows
+    BP = max(16, triton.next_power_of_2(P))
+    _window_kernel[(bsz, H)](
         ring_x, ring_dt, head, count, flag, x, dt, A, D if D is not None else dummy(A),
-        dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, part, dec, L, R, H, H // G, lo, hi,
+        dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, part, dec, L, R, P, H // G, lo, hi,
         *ring_x.stride(), *ring_dt.stride(), *x.stride(), *dt.stride(), *tstr,
-        P=P, HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None,
-        HAS_LIMIT=has_limit(dt_limit), TREE=tree_mask is not None, BLOCK_HP=BHP, BLOCK_R=BR, BLOCK_L=BL,
-        num_warps=8 if max(BR, BL) * BHP >= 4096 else 4)
+        HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
+        TREE=tree_mask is not None, MATRIX=matrix, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
+        num_warps=4 if BR * BP <= 4096 else 8)
     use_dot = bool(gemm)
     bp, nw = _main_blocks(P, N, L, use_dot)
     bp, nw = block_p or bp, num_warps or nw
