@@ -109,17 +109,18 @@ def _ssm_update_kernel(
 
 def _blocks(P: int, N: int, L: int) -> tuple[int, int]:
     """(BLOCK_P, num_warps) per shape class, picked by hand from sweeps on an H100 (kernel_parity's ``sweep``
-    rows for L = 1; for L = 10 at batch 16 / 256 on the Nemotron-H-4B mixer: 16 rows at 2 warps 91 / 1170 us,
-    at 4 warps 96 / 1324 us, 32 rows at 4 warps 97 / 1272 us, 8 rows at 4 warps 121 / 1795 us). A kernel that
-    writes state in place is never autotuned. One program holds BLOCK_P x N fp32 of state; for L = 1 a tile of
-    8 rows keeps every thread on 16-byte vectors while the grid still fills the GPU at batch 1; with several
-    tokens the per-token row reduction of y = S C dominates, and 2 warps keep more of it inside each thread."""
+    rows for L = 1; for L = 10 at batch 16 / 256 on the Nemotron-H-4B mixer: 16 rows at 1 warp 86 / 1123 us,
+    at 2 warps 91 / 1170 us, at 4 warps 96 / 1324 us; 8 rows at 1 warp 91 / 1140 us, 32 rows at 4 warps
+    97 / 1272 us, 8 rows at 4 warps 121 / 1795 us). A kernel that writes state in place is never autotuned.
+    One program holds BLOCK_P x N fp32 of state; for L = 1 a tile of 8 rows keeps every thread on 16-byte
+    vectors while the grid still fills the GPU at batch 1; with several tokens the per-token row reduction of
+    y = S C dominates, and one warp keeps it inside the warp (shuffles, no shared-memory round trip)."""
     n = triton.next_power_of_2(N)
     if L <= 1:
         bp = 4 if n >= 256 else max(4, 1024 // n)  # ~1k state elements per program
         return min(bp, triton.next_power_of_2(P)), 4
     bp = max(8, 2048 // n)
-    return min(bp, triton.next_power_of_2(P)), 2
+    return min(bp, triton.next_power_of_2(P)), 1
 
 
 def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
