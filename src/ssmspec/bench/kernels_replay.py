@@ -103,7 +103,7 @@ def _ssu_baselines(ctx: Ctx, bsz: int, z: dict, ssu_m, why: str, base: dict) -> 
     rot = ctx.rotation(sb)
     for impl in ("mamba_ssm", "ours"):
         if impl == "mamba_ssm" and ssu_m is None:
-            yield dict(base, impl=impl, status="skipped", reason=why)
+            yield dict(base, impl=f"ssu_{impl}", status="skipped", reason=why)
             continue
         states = random_states(rot, (bsz, H, P, N), ctx.device)
         samples = ctx.time(chain([ssu_fn(impl, ssu_m, s, inp) for s in states]), per_call=rot)
