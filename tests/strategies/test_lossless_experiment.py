@@ -2,7 +2,6 @@
 config yields exact greedy rows, n/a rows for trees on chain-only strategies, passing sampling rows, and
 a table image."""
 import pandas as pd
-import pytest
 import torch
 from hydra import compose, initialize_config_dir
 

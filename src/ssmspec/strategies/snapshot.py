@@ -74,7 +74,7 @@ class Snapshot(StrategyBase):
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Serial scan of every row from its sequence's start snapshot, one store per token (Alg. 3)."""
         i, rows, L = p.index, step.rows, step.length
-        D, Rg, Lmax = self.spec.num_drafts, self.regions(self.spec), 1 + self.spec.draft_len
+        Rg, Lmax = self.regions(self.spec), 1 + self.spec.draft_len
         if step.valid is not None:
             raise ValueError("snapshot does not take pad / no-op tokens in decode calls (StepInputs.valid)")
         if rows > self.conv_in.shape[1] or L > Lmax:
@@ -97,7 +97,7 @@ class Snapshot(StrategyBase):
     def commit(self, verdict, step: StepInputs) -> None:
         """Point ``src`` at the last accepted token's snapshot; roll the conv state forward over the
         accepted row's inputs (device-side)."""
-        bsz, D, Rg, Lmax = self.batch, self.spec.num_drafts, self.regions(self.spec), 1 + self.spec.draft_len
+        bsz, Rg, Lmax = self.batch, self.regions(self.spec), 1 + self.spec.draft_len
         rows_per_seq = step.rows // bsz
         d = accepted_chain(verdict, self.spec.draft_len) if rows_per_seq > 1 else torch.zeros_like(verdict.accepted)
         region = (self.src_region + 1 + d) % Rg if Rg > 1 else self.src_region
