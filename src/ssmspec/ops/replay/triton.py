@@ -1,18 +1,23 @@
 """ReplaySSM kernels in Triton (seed 000, Alg. 2 / 4 and its two kernel design choices).
 
-One ``replay_verify`` call of L tokens is three launches, all graph-safe (no host sync, the flush decision
-is per-sequence data read at run time):
+One ``replay_verify`` call of L tokens is four launches, all graph-safe (no host sync; the flush decision is
+per-sequence data read at run time):
 1. ``_scores_kernel``, one program per (sequence, group): the inner products kq[s, j] = B_jᵀ C_s of the
    window entries j (committed ring entries, then the call's tokens) with every query C_s, computed once
-   per group ("precomputing shared inner products") into a small fp32 scratch;
-2. ``_main_kernel``, one program per (sequence, head, BLOCK_P rows): loads its checkpoint tile S0 once;
-   where flush[b], folds the committed entries into it (state-and-output route, one GEMM, the only state
-   store); then the output-only readout of every token s under the causal (or tree) mask:
-       y_s = exp(cum_s)·(S0 C_s) + Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j + D·x_s;
-3. ``_append_kernel``, one program per sequence: appends the call's (x, dt, B) at ring slots
-   (head + count + s) % R ("a ring buffer avoids data-dependent copies") and moves head / count after a
-   flush. It runs last because kernel 2 reads the old entries it may overwrite (R < 2L) and the pointers.
-The state is written in place only by kernel 2, tile by tile, with no sharing: never autotuned.
+   per group ("precomputing shared inner products") into a small fp32 scratch; it also records the window
+   after the flush (head, count) for kernel 4;
+2. ``_window_kernel``, one program per (sequence, head): the part of the output-only readout that does not
+   touch the state, part_s = Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j + D·x_s under the causal (or tree)
+   mask, and dec_s = exp(cum_s);
+3. ``_main_kernel``, one program per (sequence, head, BLOCK_P rows): loads its checkpoint tile S0 once;
+   where the sequence flushes, folds the committed entries into it (state-and-output route, the only state
+   store); then y_s = dec_s·(S0 C_s) + part_s;
+4. ``_append_kernel``, one program per (sequence, token, chunk of H·P): appends the call's (x, dt, B) at ring
+   slots (head + count + s) % R ("a ring buffer avoids data-dependent copies") and moves head / count. It
+   runs last because kernel 3 reads the old entries it may overwrite (R < 2L) and kernels 1-3 the pointers.
+Splitting 2 from 3 keeps the state kernel a plain streaming read (its tile loads are not held up by the
+dependent loads of the ring window) and does the window work once per head instead of once per P block.
+The state is written in place only by kernel 3, tile by tile, with no sharing: never autotuned.
 """
 from __future__ import annotations
 
@@ -47,13 +52,16 @@ def _ring_slots(hd, offs_r, R):
 
 
 @triton.jit
-def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_ptr, kqn_ptr, L, R, N,
+def _scores_kernel(ringB_ptr, B_ptr, C_ptr, head_ptr, count_ptr, flush_ptr, kqr_ptr, kqn_ptr, win_ptr, L, R, N,
                    rB_b, rB_r, rB_g, rB_n, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
                    HAS_FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
     b = tl.program_id(0)
     g = tl.program_id(1)
     G = tl.num_programs(1)
     _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    if g == 0:  # the window after the flush, for the append kernel (which moves head / count)
+        tl.store(win_ptr + 2 * b, hd)
+        tl.store(win_ptr + 2 * b + 1, c)
     offs_r = tl.arange(0, BLOCK_R)
     offs_l = tl.arange(0, BLOCK_L)
     offs_n = tl.arange(0, BLOCK_N)
@@ -227,39 +235,44 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
 
 
 @triton.jit
-def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_ptr, B_ptr, bias_ptr,
+def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, win_ptr, x_ptr, dt_ptr, B_ptr, bias_ptr,
                    L, R, H, P, G, N, lo, hi,
                    rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
                    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n,
-                   HAS_FLUSH: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
-                   BLOCK_H: tl.constexpr):
+                   HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (b, s, k): chunk k of token s's x into ring slot (head + count + s) % R of the window after the
+    flush (read from ``win``, written by the scores kernel); chunk 0 also B and the discretized dt; program
+    (b, 0, 0) moves head / count. Nothing in this launch reads head / count, so the move is race-free."""
     b = tl.program_id(0)
-    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    s = tl.program_id(1)
+    k = tl.program_id(2)
+    hd = tl.load(win_ptr + 2 * b)
+    c = tl.load(win_ptr + 2 * b + 1)
+    slot = (hd + c + s) % R
     offs = tl.arange(0, BLOCK)
-    offs_h = tl.arange(0, BLOCK_H)
-    if HAS_DT_BIAS:
-        bias = tl.load(bias_ptr + offs_h, mask=offs_h < H, other=0.0).to(tl.float32)
-    else:
-        bias = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for s in range(0, L):
-        slot = (hd + c + s) % R
-        for start in range(0, H * P, BLOCK):  # x (H, P) of token s
-            i = start + offs
-            hh = i // P
-            pp = i % P
-            v = tl.load(x_ptr + b * x_b + s * x_l + hh * x_h + pp * x_p, mask=i < H * P)
-            tl.store(rx_ptr + b * rx_b + slot * rx_r + hh * rx_h + pp * rx_p, v, mask=i < H * P)
+    i = k * BLOCK + offs  # x (H, P) of token s, flattened
+    hh = i // P
+    pp = i % P
+    v = tl.load(x_ptr + b * x_b + s * x_l + hh * x_h + pp * x_p, mask=i < H * P)
+    tl.store(rx_ptr + b * rx_b + slot * rx_r + hh * rx_h + pp * rx_p, v, mask=i < H * P)
+    if k == 0:
         for start in range(0, G * N, BLOCK):  # B (G, N)
-            i = start + offs
-            gg = i // N
-            nn = i % N
-            v = tl.load(B_ptr + b * B_b + s * B_l + gg * B_g + nn * B_n, mask=i < G * N)
-            tl.store(rB_ptr + b * rB_b + slot * rB_r + gg * rB_g + nn * rB_n, v, mask=i < G * N)
+            j = start + offs
+            gg = j // N
+            nn = j % N
+            v = tl.load(B_ptr + b * B_b + s * B_l + gg * B_g + nn * B_n, mask=j < G * N)
+            tl.store(rB_ptr + b * rB_b + slot * rB_r + gg * rB_g + nn * rB_n, v, mask=j < G * N)
+        offs_h = tl.arange(0, BLOCK_H)
+        if HAS_DT_BIAS:
+            bias = tl.load(bias_ptr + offs_h, mask=offs_h < H, other=0.0).to(tl.float32)
+        else:
+            bias = tl.zeros([BLOCK_H], dtype=tl.float32)
         d = tl.load(dt_ptr + b * dt_b + s * dt_l + offs_h * dt_h, mask=offs_h < H, other=0.0).to(tl.float32)
         d = discretize(d, bias, lo, hi, True, HAS_LIMIT)
         tl.store(rdt_ptr + b * rdt_b + slot * rdt_r + offs_h * rdt_h, d, mask=offs_h < H)
-    tl.store(head_ptr + b, hd.to(head_ptr.dtype.element_ty))
-    tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
+        if s == 0:
+            tl.store(head_ptr + b, hd.to(head_ptr.dtype.element_ty))
+            tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
 
 
 def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
@@ -277,9 +290,11 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
                          x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                          dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor | None = None,
                          tree_mask: Tensor | None = None, block_p: int | None = None,
-                         num_warps: int | None = None, gemm: bool | None = None) -> Tensor:
+                         num_warps: int | None = None, gemm: bool | None = None,
+                         window_warps: int | None = None) -> Tensor:
     """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``). ``block_p`` / ``num_warps`` / ``gemm``
-    override the hand-picked launch of the state kernel (benchmark sweeps); ``gemm=True`` runs its fold and
+    override the hand-picked launch of the state kernel and ``window_warps`` that of the window kernel
+    (benchmark sweeps); ``gemm=True`` runs its fold and
     readout as tf32x3 tensor-core GEMMs instead of rank-1 updates and row reductions (slower on an H100 at
     every L measured, 1..7: kept selectable for other GPUs and for the record)."""
     bsz, L, H, P = x.shape
@@ -307,13 +322,14 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
     part = torch.empty(bsz, L, H, P, device=dev, dtype=torch.float32)  # readout terms that skip the state
     dec = torch.empty(bsz, L, H, device=dev, dtype=torch.float32)  # exp(cum_s): decay of the checkpoint
+    win = torch.empty(bsz, 2, device=dev, dtype=torch.int32)  # (head, count) after the flush, per sequence
     y = torch.empty_like(x)
     flag = flush if flush is not None else count  # bool is read as int1: no conversion launch; None: the rule
     has_flush = flush is not None
     BR = max(16, triton.next_power_of_2(R))  # >= 16: the fold GEMM's inner dimension
     BL = max(2, triton.next_power_of_2(L))
     BN = max(16, triton.next_power_of_2(N))
-    _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, L, R, N,
+    _scores_kernel[(bsz, G)](ring_B, B, C, head, count, flag, kq_ring, kq_new, win, L, R, N,
                              *ring_B.stride(), *B.stride(), *C.stride(), HAS_FLUSH=has_flush, BLOCK_R=BR,
                              BLOCK_L=BL, BLOCK_N=BN,
                              num_warps=4 if BR * BN <= 4096 else 8)
@@ -329,7 +345,7 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         *ring_x.stride(), *ring_dt.stride(), *x.stride(), *dt.stride(), *tstr,
         HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
         TREE=tree_mask is not None, MATRIX=matrix, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
-        num_warps=4 if BR * BP <= 4096 else 8)
+        num_warps=window_warps or (4 if matrix else 2))  # decode: latency-bound, more programs resident
     use_dot = bool(gemm)
     bp, nw = _main_blocks(P, N, L, use_dot)
     bp, nw = block_p or bp, num_warps or nw
@@ -337,10 +353,10 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         S0, ring_x, ring_dt, ring_B, head, count, flag, A, C, part, dec, y, L, R, P, N, H // G,
         *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *C.stride(), *y.stride(),
         HAS_FLUSH=has_flush, DOT=use_dot, BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_LD=max(16, BL), num_warps=nw)
-    _append_kernel[(bsz,)](
-        ring_x, ring_dt, ring_B, head, count, flag, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
+    APPEND = 1024
+    _append_kernel[(bsz, L, triton.cdiv(H * P, APPEND))](
+        ring_x, ring_dt, ring_B, head, count, win, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
         L, R, H, P, G, N, lo, hi, *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *x.stride(), *dt.stride(),
-        *B.stride(), HAS_FLUSH=has_flush, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
-        BLOCK=1024,
+        *B.stride(), HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit), BLOCK=APPEND,
         BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
     return y
