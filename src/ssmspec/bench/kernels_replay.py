@@ -117,7 +117,8 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
     """Output-only standard decode (L = 1) of `replay` over buffer sizes R vs the single-token kernels,
     per model at ``bench.batch`` (seed 000, Fig. 6 kernel part and Fig. 7). Rows: impl ssu_mamba_ssm /
     ssu_ours (no R) and replay (per R, with ``bound_speedup`` and ``flush_period``); optional
-    ``bench.sweep`` rows (impl replay-sweep) time other (BLOCK_P, num_warps) of the main kernel."""
+    ``bench.sweep`` rows (impl replay-sweep) time other (BLOCK_P, num_warps) of the state kernel and
+    ``bench.window_sweep`` rows (impl replay-window-sweep) other num_warps of the window kernel."""
     ctx = Ctx(cfg)
     b = cfg.bench
     ssu_m, _, why = mamba_ssm_ops()
@@ -131,6 +132,8 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
             runs = [("replay", R, {}) for R in b.R]
             if ctx.cuda:
                 runs += [("replay-sweep", int(b.sweep_R), dict(block_p=bp, num_warps=nw)) for bp, nw in b.get("sweep", [])]
+                runs += [("replay-window-sweep", int(b.sweep_R), dict(window_warps=int(w)))
+                         for w in b.get("window_sweep", [])]
             for impl, R, blocks in runs:
                 samples, nbytes, cyc = replay_measure(ctx, bsz, 1, R, 0, z, **blocks)
                 yield ctx.row(samples, nbytes, **base, impl=impl, R=R, flush_period=len(cyc),
