@@ -175,8 +175,8 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
                  BLOCK_R: tl.constexpr, BLOCK_LD: tl.constexpr):
     """The state part, per (sequence, head, BLOCK_P rows): one load of the checkpoint tile; where the sequence
     flushes, the fold of its committed entries and the only state store; y_s = dec_s·(S0 C_s) + part_s.
-    DOT: the fold and the readout as tensor-core GEMMs (tf32x3, fp32-accurate) for multi-token calls; else
-    one rank-1 update per folded entry and one row reduction per token (single-token decode)."""
+    Default: one rank-1 update per folded entry and one row reduction per token. DOT (``gemm=True``): the
+    fold and the readout as tensor-core GEMMs (tf32x3, fp32-accurate) -- slower on an H100 at every L tried."""
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
