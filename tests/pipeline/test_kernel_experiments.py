@@ -52,6 +52,15 @@ def test_kernel_experiment_runs_and_plots(cli, tmp_path, exp_id, extra, impls):
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 
+def test_unknown_impl_is_refused_before_measuring(cli, tmp_path):
+    out = tmp_path / "run"
+    status, _, err = cli("run", "experiment=snl_tab1_kernels", *SMALL, "bench.impls=[fused_ours,loop_theirs]",
+                         f"results_dir={out}")
+    assert status == 2
+    assert "unknown impl(s) ['loop_theirs']; choose from loop_ours, loop_mamba_ssm" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("L,R,accepted,period", [(1, 8, 0, 7), (1, 16, 0, 15), (1, 2, 0, 1), (7, 32, 6, 3),
                                                  (3, 6, 2, 1), (2, 12, 0, 9)])
 def test_count_cycle_follows_the_flush_rule(L, R, accepted, period):

@@ -41,6 +41,14 @@ def mixer_sizes(preset: str) -> dict:
     return dict(H=m.ssm_heads, P=m.head_dim, N=m.state_size, G=m.n_groups)
 
 
+def mixer_grid(bench: DictConfig) -> Iterator[tuple[str, dict, int]]:
+    """(preset, its mixer sizes, batch) for every preset x batch of a kernel benchmark's grid."""
+    for preset in bench.presets:
+        z = mixer_sizes(preset)
+        for bsz in bench.batch:
+            yield preset, z, bsz
+
+
 class Ctx:
     """Device, dtype, timing settings and the measured peak of one benchmark run."""
 
@@ -146,71 +154,70 @@ def run_kernel_parity(cfg: DictConfig) -> Iterator[dict]:
     ctx = Ctx(cfg)
     b = cfg.bench
     ssu_m, _, why = mamba_ssm_ops()
-    for preset in b.presets:
-        z = mixer_sizes(preset)
+    for preset, z, bsz in mixer_grid(b):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
-        for bsz in b.batch:
-            inp = make_inputs(bsz, 1, H, P, G, N, ctx.dtype, ctx.device)
-            sb = state_bytes(bsz, H, P, N)
-            rot = ctx.rotation(sb)
-            nbytes = 2 * sb + io_bytes(bsz, 1, H, P, G, N, ctx.dtype.itemsize)
-            base = dict(model=preset, batch=bsz, H=H, P=P, N=N, G=G, rot=rot)
-            configs = [("ours", {}), ("mamba_ssm", {})]
-            if ctx.cuda and bsz in b.get("sweep_batch", []):
-                configs += [("ours-sweep", dict(block_p=bp, num_warps=nw)) for bp, nw in b.sweep]
-            for impl, blocks in configs:
-                if impl == "mamba_ssm" and ssu_m is None:
-                    yield dict(base, impl=impl, status="skipped", reason=why)
-                    continue
-                states = random_states(rot, (bsz, H, P, N), ctx.device)
-                fns = [ssu_fn("mamba_ssm" if impl == "mamba_ssm" else "ours", ssu_m, s, inp, **blocks) for s in states]
-                samples = ctx.time(chain(fns), per_call=rot)
-                yield ctx.row(samples, nbytes, **base, impl=impl, **{k: v for k, v in blocks.items()})
-                del states
-            ctx.sync()
+        inp = make_inputs(bsz, 1, H, P, G, N, ctx.dtype, ctx.device)
+        sb = state_bytes(bsz, H, P, N)
+        rot = ctx.rotation(sb)
+        nbytes = 2 * sb + io_bytes(bsz, 1, H, P, G, N, ctx.dtype.itemsize)
+        base = dict(model=preset, batch=bsz, H=H, P=P, N=N, G=G, rot=rot)
+        configs = [("ours", {}), ("mamba_ssm", {})]
+        if ctx.cuda and bsz in b.get("sweep_batch", []):
+            configs += [("ours-sweep", dict(block_p=bp, num_warps=nw)) for bp, nw in b.sweep]
+        for impl, blocks in configs:
+            if impl == "mamba_ssm" and ssu_m is None:
+                yield dict(base, impl=impl, status="skipped", reason=why)
+                continue
+            states = random_states(rot, (bsz, H, P, N), ctx.device)
+            fns = [ssu_fn("mamba_ssm" if impl == "mamba_ssm" else "ours", ssu_m, s, inp, **blocks) for s in states]
+            samples = ctx.time(chain(fns), per_call=rot)
+            yield ctx.row(samples, nbytes, **base, impl=impl, **blocks)
+            del states
+        ctx.sync()
 
 
 # snl_tab1_kernels -------------------------------------------------------------------------------------
+SNL_IMPLS = ("loop_ours", "loop_mamba_ssm", "chunk_scan_mamba_ssm", "fused_ours")
+
+
 def run_snl_tab1(cfg: DictConfig) -> Iterator[dict]:
     """Multi-token update of L tokens (seed 001, Table 1): a loop of single-token kernels (ours and mamba_ssm's),
     mamba_ssm's ``mamba_chunk_scan_combined`` (initial state in, final state out) and our fused multi-step
     kernel (state loaded once, L tokens in registers, every output written, final state stored once)."""
-    ctx = Ctx(cfg)
     b = cfg.bench
+    unknown = [i for i in b.impls if i not in SNL_IMPLS]
+    if unknown:  # before any measurement
+        raise ValueError(f"snl_tab1_kernels: unknown impl(s) {unknown}; choose from {', '.join(SNL_IMPLS)}")
+    ctx = Ctx(cfg)
     ssu_m, chunk_m, why = mamba_ssm_ops()
-    for preset in b.presets:
-        z = mixer_sizes(preset)
+    for preset, z, bsz in mixer_grid(b):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
-        for bsz in b.batch:
-            for L in b.L:
-                inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
-                sb = state_bytes(bsz, H, P, N)
-                rot = ctx.rotation(sb)
-                once = 2 * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize)
-                loop = L * (2 * sb + io_bytes(bsz, 1, H, P, G, N, ctx.dtype.itemsize))
-                base = dict(model=preset, batch=bsz, L=L, H=H, P=P, N=N, G=G, rot=rot)
-                for impl in b.impls:
-                    if impl in ("loop_mamba_ssm", "chunk_scan_mamba_ssm") and ssu_m is None:
-                        yield dict(base, impl=impl, status="skipped", reason=why)
-                        continue
-                    states = random_states(rot, (bsz, H, P, N), ctx.device)
-                    if impl == "loop_ours":
-                        fns = [ssu_fn("ours", None, s, inp, t) for s in states for t in range(L)]
-                    elif impl == "loop_mamba_ssm":
-                        fns = [ssu_fn("mamba_ssm", ssu_m, s, inp, t) for s in states for t in range(L)]
-                    elif impl == "fused_ours":
-                        fns = [(lambda s=s: ssm_multistep(s, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
-                                                          inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True))
-                               for s in states]
-                    elif impl == "chunk_scan_mamba_ssm":
-                        fns = [(lambda s=s: chunk_m(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
-                                                    chunk_size=int(b.chunk_size), D=inp["D"], dt_bias=inp["dt_bias"],
-                                                    dt_softplus=True, initial_states=s, return_final_states=True))
-                               for s in states]
-                    else:
-                        raise ValueError(f"snl_tab1_kernels: unknown impl {impl!r}; use loop_ours, loop_mamba_ssm, "
-                                         f"fused_ours or chunk_scan_mamba_ssm")
-                    samples = ctx.time(chain(fns), per_call=rot)
-                    yield ctx.row(samples, loop if impl.startswith("loop") else once, **base, impl=impl)
-                    del states
-                ctx.sync()
+        for L in b.L:
+            inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
+            sb = state_bytes(bsz, H, P, N)
+            rot = ctx.rotation(sb)
+            once = 2 * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize)
+            loop = L * (2 * sb + io_bytes(bsz, 1, H, P, G, N, ctx.dtype.itemsize))
+            base = dict(model=preset, batch=bsz, L=L, H=H, P=P, N=N, G=G, rot=rot)
+            for impl in b.impls:
+                if impl in ("loop_mamba_ssm", "chunk_scan_mamba_ssm") and ssu_m is None:
+                    yield dict(base, impl=impl, status="skipped", reason=why)
+                    continue
+                states = random_states(rot, (bsz, H, P, N), ctx.device)
+                if impl == "loop_ours":
+                    fns = [ssu_fn("ours", None, s, inp, t) for s in states for t in range(L)]
+                elif impl == "loop_mamba_ssm":
+                    fns = [ssu_fn("mamba_ssm", ssu_m, s, inp, t) for s in states for t in range(L)]
+                elif impl == "fused_ours":
+                    fns = [(lambda s=s: ssm_multistep(s, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
+                                                      inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True))
+                           for s in states]
+                else:  # chunk_scan_mamba_ssm
+                    fns = [(lambda s=s: chunk_m(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
+                                                chunk_size=int(b.chunk_size), D=inp["D"], dt_bias=inp["dt_bias"],
+                                                dt_softplus=True, initial_states=s, return_final_states=True))
+                           for s in states]
+                samples = ctx.time(chain(fns), per_call=rot)
+                yield ctx.row(samples, loop if impl.startswith("loop") else once, **base, impl=impl)
+                del states
+            ctx.sync()

@@ -3,8 +3,8 @@ standard decode vs mamba_ssm's kernel over buffer sizes R) and ``replay_fig9_ver
 drafts relative to the standard decode kernel, `snapshot` vs `replay`, per accepted count).
 
 A replay measurement is a steady state, not one call: every step runs what each Mamba-2 layer of the
-`replay` strategy runs -- flush flags (count + 2L > R), ``replay_verify`` (scores precompute, flush + output-only
-kernel, ring append) -- and the commit (count += accepted + 1). Sequences are staggered over the count cycle
+`replay` strategy runs -- ``replay_verify`` with the flush rule count + 2L > R decided inside it (scores,
+window readout, state kernel, ring append) -- and the commit (count += accepted + 1). Sequences are staggered over the count cycle
 (sequence b starts at phase b of the cycle that a constant accepted count drives), and one CUDA graph holds a
 whole cycle of K steps, so every sequence flushes exactly once per graph and a sample is the graph time / K.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import torch
 from omegaconf import DictConfig
 
-from ssmspec.bench.kernels import (Ctx, chain, io_bytes, make_inputs, mamba_ssm_ops, mixer_sizes, random_states,
+from ssmspec.bench.kernels import (Ctx, chain, io_bytes, make_inputs, mamba_ssm_ops, mixer_grid, random_states,
                                    ssu_fn, state_bytes)
 from ssmspec.ops.multistep import ssm_multistep_snapshot
 from ssmspec.ops.replay import replay_commit, replay_verify
@@ -122,22 +122,20 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
     ctx = Ctx(cfg)
     b = cfg.bench
     ssu_m, _, why = mamba_ssm_ops()
-    for preset in b.presets:
-        z = mixer_sizes(preset)
-        for bsz in b.batch:
-            base = dict(model=preset, batch=bsz, L=1, **z)
-            yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, base)
-            base_bytes = 2 * state_bytes(bsz, z["H"], z["P"], z["N"]) + io_bytes(bsz, 1, z["H"], z["P"], z["G"],
-                                                                                  z["N"], ctx.dtype.itemsize)
-            runs = [("replay", R, {}) for R in b.R]
-            if ctx.cuda:
-                runs += [("replay-sweep", int(b.sweep_R), dict(block_p=bp, num_warps=nw)) for bp, nw in b.get("sweep", [])]
-                runs += [("replay-window-sweep", int(b.sweep_R), dict(window_warps=int(w)))
-                         for w in b.get("window_sweep", [])]
-            for impl, R, blocks in runs:
-                samples, nbytes, cyc = replay_measure(ctx, bsz, 1, R, 0, z, **blocks)
-                yield ctx.row(samples, nbytes, **base, impl=impl, R=R, flush_period=len(cyc),
-                              bound_speedup=base_bytes / nbytes, **blocks)
+    for preset, z, bsz in mixer_grid(b):
+        base = dict(model=preset, batch=bsz, L=1, **z)
+        yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, base)
+        base_bytes = 2 * state_bytes(bsz, z["H"], z["P"], z["N"]) + io_bytes(bsz, 1, z["H"], z["P"], z["G"],
+                                                                              z["N"], ctx.dtype.itemsize)
+        runs = [("replay", R, {}) for R in b.R]
+        if ctx.cuda:
+            runs += [("replay-sweep", int(b.sweep_R), dict(block_p=bp, num_warps=nw)) for bp, nw in b.get("sweep", [])]
+            runs += [("replay-window-sweep", int(b.sweep_R), dict(window_warps=int(w)))
+                     for w in b.get("window_sweep", [])]
+        for impl, R, blocks in runs:
+            samples, nbytes, cyc = replay_measure(ctx, bsz, 1, R, 0, z, **blocks)
+            yield ctx.row(samples, nbytes, **base, impl=impl, R=R, flush_period=len(cyc),
+                          bound_speedup=base_bytes / nbytes, **blocks)
 
 
 def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
@@ -147,33 +145,30 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     ctx = Ctx(cfg)
     b = cfg.bench
     ssu_m, _, why = mamba_ssm_ops()
-    for preset in b.presets:
-        z = mixer_sizes(preset)
+    for preset, z, bsz in mixer_grid(b):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
-        for bsz in b.batch:
-            base = dict(model=preset, batch=bsz, **z)
-            yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, dict(base, S=0, L=1))
-            for S in b.S:
-                L = S + 1
-                inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
-                pool = torch.randn(bsz * L, H, P, N, device=ctx.device) * 0.1
-                src = torch.arange(bsz, device=ctx.device) * L  # slot of the last accepted token (any slot)
-                dst = src[:, None] + torch.arange(L, device=ctx.device)[None]  # includes src: read before stored
+        base = dict(model=preset, batch=bsz, **z)
+        yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, dict(base, S=0, L=1))
+        for S in b.S:
+            L = S + 1
+            inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
+            pool = torch.randn(bsz * L, H, P, N, device=ctx.device) * 0.1
+            src = torch.arange(bsz, device=ctx.device) * L  # slot of the last accepted token (any slot)
+            dst = src[:, None] + torch.arange(L, device=ctx.device)[None]  # includes src: read before stored
 
+            def snap(pool=pool, inp=inp, src=src, dst=dst) -> None:  # one load, L snapshot stores
+                ssm_multistep_snapshot(pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"],
+                                       dt_bias=inp["dt_bias"], src_slot=src, dst_slots=dst)
 
-                def snap(pool=pool, inp=inp, src=src, dst=dst) -> None:  # one load, L snapshot stores
-                    ssm_multistep_snapshot(pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"],
-                                           dt_bias=inp["dt_bias"], src_slot=src, dst_slots=dst)
-
-                samples = ctx.time(snap)
-                del snap, pool
-                sb = state_bytes(bsz, H, P, N)
-                yield ctx.row(samples, (1 + L) * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize), **base,
-                              impl="snapshot", S=S, L=L)
-                for R in b.R:
-                    if R < L:
-                        continue
-                    for a in range(S + 1):
-                        samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z)
-                        yield ctx.row(samples, nbytes, **base, impl="replay", S=S, L=L, R=R, accepted=a,
-                                      flush_period=len(cyc))
+            samples = ctx.time(snap)
+            del snap, pool
+            sb = state_bytes(bsz, H, P, N)
+            yield ctx.row(samples, (1 + L) * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize), **base,
+                          impl="snapshot", S=S, L=L)
+            for R in b.R:
+                if R < L:
+                    continue
+                for a in range(S + 1):
+                    samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z)
+                    yield ctx.row(samples, nbytes, **base, impl="replay", S=S, L=L, R=R, accepted=a,
+                                  flush_period=len(cyc))

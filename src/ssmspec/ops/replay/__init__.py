@@ -1,7 +1,8 @@
 """ReplaySSM (seed 000): checkpoint state + ring buffer of recent inputs, output-only decode and verify.
 
-``replay_verify`` dispatches the Triton kernels on CUDA (a per-group precompute of the inner products
-B_jᵀC_s, the main flush + output-only kernel, an append + pointer kernel); ``replay_commit`` and
+``replay_verify`` dispatches the Triton kernels on CUDA (the per-group inner products B_jᵀC_s, the window
+readout per head, the state kernel -- flush and output-only readout --, the ring append that moves the
+pointers: ``ops/replay/triton.py``); ``replay_commit`` and
 ``replay_flush_flags`` are single device-side elementwise ops (graph-safe, no host sync)."""
 from __future__ import annotations
 
