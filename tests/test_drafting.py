@@ -59,7 +59,8 @@ def test_png_drafter_chains_and_merged_tree():
     mt = m.propose(hist, torch.tensor([3, 5]))
     assert mt.size == 6 and mt.max_depth() == 3
     assert mt.tokens[0, :4].tolist() == [4, 6, 1, 5] and mt.parents[0, :4].tolist() == [0, 1, 2, 1]
-    assert d.describe() == {"name": "png", "ngram": 3, "num_drafts": 2, "draft_len": 3, "min_ngram": 1, "merge": False}
+    assert d.describe() == {"name": "png", "ngram": 3, "num_drafts": 2, "draft_len": 3, "min_ngram": 1, "merge": False,
+                            "on_device": d.on_device}
 
 
 # merging ------------------------------------------------------------------------------------------

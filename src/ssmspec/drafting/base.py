@@ -86,11 +86,47 @@ class DraftTree:
         return int(self.depths_with_root().max()) if self.size else 0
 
 
+@dataclass
+class TokenBuffer:
+    """Every sequence's tokens on the device, as the engine keeps them (``engine/step.py``).
+
+    Row b holds the prompt from column 0, then every emitted token; the pending token (emitted, not yet
+    fed to the target) is the last valid one, at column ``length[b] - 1``. Columns at or past ``length`` are
+    stale. Shapes never change during a run, so a drafter reading it can be captured in a CUDA graph.
+    """
+
+    tokens: Tensor  # (B, capacity) int64
+    length: Tensor  # (B,) int64 valid tokens per row (prompt + emitted, pending included)
+    prompt_len: Tensor  # (B,) int64 prompt tokens per row
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+    def pending(self) -> Tensor:
+        """(B,) the pending token of every row."""
+        return self.tokens.gather(1, (self.length - 1).clamp(min=0)[:, None])[:, 0]
+
+    def to_lists(self) -> list[list[int]]:
+        """Host copy of every row's valid tokens (synchronises with the device: host drafters only)."""
+        toks, n = self.tokens.tolist(), self.length.tolist()
+        return [row[:k] for row, k in zip(toks, n)]
+
+
 class Drafter(Protocol):
-    """Proposes drafts for every sequence of the batch each step."""
+    """Proposes drafts for every sequence of the batch each step.
+
+    Two ways to propose, one per kind of drafter:
+    - ``propose_device(buf)`` reads the engine's ``TokenBuffer`` and runs device ops only, with shapes fixed
+      at ``reset`` (no host sync, no data-dependent shape): the engine captures it in a CUDA graph of its
+      own, beside the target's step (``on_device`` True).
+    - ``propose(history, pending)`` works on host lists; the engine copies the buffer to the host for it
+      every step (``on_device`` False; result rows say so).
+    """
 
     name: str
     is_tree: bool  # proposes trees that are not chains
+    on_device: bool  # propose_device is capturable (no host sync)
 
     def reset(self, prompts: list[Tensor], *, batch: int, device) -> None:
         """Called once before generation with each sequence's prompt ids (1-D tensors)."""
@@ -98,5 +134,8 @@ class Drafter(Protocol):
     def propose(self, history: list[Tensor], pending: Tensor) -> DraftTree:
         """history: per sequence, every token so far (prompt + output, pending included)."""
 
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        """The same drafts as ``propose`` from the device token buffer."""
+
     def observe(self, verdict) -> None:
-        """Told the verdict of the step (draft models roll their own state back here)."""
+        """Told the verdict of the step (draft models roll their own state back here); device-side."""

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.strategies.base import SpecConfig
 
 
@@ -23,6 +23,7 @@ class DrafterBase:
 
     name: ClassVar[str] = "base"
     is_tree: bool = False  # proposes trees that are not D disjoint chains
+    on_device: ClassVar[bool] = False  # propose_device runs device ops only (CUDA-graph capturable)
     tree_options: ClassVar[str] = ""  # tree-only drafters: the options that shape the tree (for errors)
 
     def __init__(self) -> None:
@@ -34,7 +35,7 @@ class DrafterBase:
 
     def describe(self) -> dict:
         """{"name": ..., **options}: JSON-friendly (models appear by preset name)."""
-        return {"name": self.name, **self._options}
+        return {"name": self.name, **self._options, "on_device": self.on_device}
 
     def reset(self, prompts: list[list[int]], *, batch: int, device) -> None:
         """Called once before generation with every sequence's prompt ids."""
@@ -42,6 +43,10 @@ class DrafterBase:
     def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
         """history: per sequence every token so far, pending token last; pending (B,) on the target's device."""
         raise NotImplementedError
+
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        """Default for host drafters: copy the buffer to the host (a sync) and call ``propose``."""
+        return self.propose(buf.to_lists(), buf.pending())
 
     def observe(self, verdict) -> None:
         """The step's verdict. The drafters here read what was accepted from ``history`` instead."""
