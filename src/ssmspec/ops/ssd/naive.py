@@ -9,10 +9,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ssmspec.ops.multistep.naive import check_multistep_shapes
+
 
 def _expand_groups(t: Tensor, heads: int) -> Tensor:
     """(B, L, G, N) -> (B, L, H, N): head h reads group h // (H / G)."""
     return t.repeat_interleave(heads // t.shape[2], dim=2)
+
+
+def check_ssd_shapes(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
+                     initial_state: Tensor | None) -> tuple[int, int, int, int, int, int]:
+    """Validate the scan's shapes (module docstring). Returns (B, L, H, P, G, N)."""
+    bsz, L, H, P, G, N = check_multistep_shapes(x, dt, A, B, C, D, None, None)
+    if initial_state is not None and tuple(initial_state.shape) != (bsz, H, P, N):
+        raise ValueError(f"initial_state must be (B, H, P, N) = {(bsz, H, P, N)}, got {tuple(initial_state.shape)}")
+    if initial_state is not None and not initial_state.is_floating_point():
+        raise ValueError(f"initial_state must be a float tensor (fp32 state), got {initial_state.dtype}")
+    return bsz, L, H, P, G, N
 
 
 def ssm_recurrence_ref(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,

@@ -1,0 +1,169 @@
+"""The Mamba-2 SSD prefill scan as one Triton kernel (seed 004: one program per chunk chain).
+
+Each program owns one (sequence b, head h, BLOCK_P rows of P) slice and walks the whole sequence in tiles
+of BLOCK_T tokens, carrying its fp32 state tile S (BLOCK_P, N) in registers from tile to tile. Inside a
+tile the recurrence is unrolled (DESIGN.md section 1) into its parallel, masked-quadratic form, every
+product a tensor-core ``tl.dot``; with cum_t = Σ_{i<=t} A·dt_i over the tile's tokens:
+
+    y_t    = exp(cum_t)·(S C_t) + Σ_{j<=t} exp(cum_t − cum_j)·dt_j·(C_t·B_j)·x_j + D·x_t
+    S_next = exp(cum_T)·S + Σ_j exp(cum_T − cum_j)·dt_j·x_j B_jᵀ
+
+mamba_ssm's ``mamba_chunk_scan_combined`` computes the same thing in five launches (cumsum, chunk state,
+state passing, C·Bᵀ, chunk scan) with HBM round trips of the per-chunk states between them; here the
+chain over tiles is sequential inside one program, so the states never leave registers and the inputs
+are read once (the loads of tile c+1 do not depend on the state and are software-pipelined, num_stages).
+
+Precision: dot operands are in the input dtype with fp32 accumulation (bf16 / fp16 inputs: the weights
+and the state operand are rounded to that dtype before the tensor-core products, as mamba_ssm does);
+fp32 inputs use tf32x3 (fp32-accurate). Decays, cumulative sums and the carried state are fp32.
+
+Pads: a token with dt = 0 has decay exp(0) = 1 and adds dt·x Bᵀ = 0, so left padding (dt zeroed by
+``MambaParams.discretize``) leaves the initial state untouched; no mask is needed in the kernel.
+
+The kernel writes only its own outputs and a fresh final-state tensor, but it is still not autotuned:
+block sizes are launch options (``block_t``, ``block_p``, ``num_warps``, ``num_stages``) so the
+``ssd_kernel_blockt`` experiment measures every choice; ``_blocks`` holds the defaults.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.dispatch import interpret_mode
+from ssmspec.ops.ssd.naive import check_ssd_shapes
+from ssmspec.ops.triton_common import check_float, dummy
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b with fp32 accumulation. UPCAST: the operands (already rounded to bf16) go in as fp32 -- the
+    same products, exactly -- because the CPU interpreter's bf16 tl.dot returns garbage (Triton 3.x)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _ssd_scan_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr,
+    L, P, N, heads_per_group,
+    x_b, x_l, x_h, x_p,
+    dt_b, dt_l, dt_h,
+    B_b, B_l, B_g, B_n,
+    C_b, C_l, C_g, C_n,
+    s0_b, s0_h, s0_p, s0_n,
+    y_b, y_l, y_h, y_p,
+    sf_b, sf_h, sf_p, sf_n,
+    HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2).to(tl.int64)
+    g = h // heads_per_group
+    offs_t = tl.arange(0, BLOCK_T)  # (T,) token offsets inside a tile
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)  # (BP,)
+    offs_n = tl.arange(0, BLOCK_N)  # (BN,)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+    if HAS_INIT:
+        S = tl.load(s0_ptr + b * s0_b + h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n,
+                    mask=mask_pn, other=0.0).to(tl.float32)  # (BP, BN) fp32 carried state
+    else:
+        S = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    A = tl.load(A_ptr + h).to(tl.float32)
+    if HAS_D:
+        Dh = tl.load(D_ptr + h).to(tl.float32)
+    x_base = x_ptr + b * x_b + h * x_h
+    dt_base = dt_ptr + b * dt_b + h * dt_h
+    B_base = B_ptr + b * B_b + g * B_g
+    C_base = C_ptr + b * C_b + g * C_g
+    y_base = y_ptr + b * y_b + h * y_h
+    causal = offs_t[:, None] >= offs_t[None, :]  # (T, T): token i reads token j <= i
+    for t0 in range(0, L, BLOCK_T):
+        tok = t0 + offs_t  # (T,)
+        mask_t = tok < L
+        # tokens past L load dt = 0, x = B = C = 0: decay 1, no contribution, so cum_T is the tile's total
+        dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)  # (T,)
+        xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p,
+                     mask=mask_t[:, None] & mask_p[None, :], other=0.0)  # (T, BP) input dtype
+        Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n,
+                     mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN), x's dtype
+        Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
+                     mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN)
+        cum = tl.cumsum(A * dt, axis=0)  # (T,) log-decay from the tile start through token t
+        total = tl.sum(A * dt, axis=0)  # cum_T
+        # within-tile part: W[i, j] = exp(cum_i - cum_j)·dt_j·(C_i·B_j) for j <= i
+        CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) fp32
+        seg = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
+        W = CB * tl.exp(seg) * dt[None, :]  # (T, T)
+        y = _mm(W.to(xt.dtype), xt, PRECISION, UPCAST)  # (T, BP)
+        # carried part: exp(cum_i)·(C_i Sᵀ), the state entering the tile read by every token
+        y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
+        if HAS_D:
+            y += Dh * xt.to(tl.float32)
+        tl.store(y_base + tok[:, None] * y_l + offs_p[None, :] * y_p, y.to(y_ptr.dtype.element_ty),
+                 mask=mask_t[:, None] & mask_p[None, :])
+        # carry: S <- exp(cum_T)·S + (x ∘ w)ᵀ B with w_j = exp(cum_T - cum_j)·dt_j  (BP, T) @ (T, BN)
+        w = tl.exp(total - cum) * dt  # (T,)
+        xw = (xt.to(tl.float32) * w[:, None]).to(xt.dtype)  # (T, BP)
+        S = S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST)
+    tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
+
+
+def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_P, num_warps) defaults. BLOCK_T = 128 is seed 004's measured optimum (64: setup per
+    tile dominates; 256 and 512 spill: the (T, T) weights and the (T, N) tiles outgrow the register file);
+    short prompts shrink it to the prompt (tl.dot needs at least 16). One program covers all of P up to 64
+    rows (the C·Bᵀ product is per head and would be recomputed by every P block). 8 warps once a program
+    holds a 128 x 128 fp32 weight tile and a 64 x 128 state (N = 128), 4 below. These are the defaults
+    until ``ssd_kernel_blockt`` on the GPU says otherwise; every value is a launch option."""
+    bt = min(128, max(16, triton.next_power_of_2(max(L, 1))))
+    bp = min(64, max(16, triton.next_power_of_2(P)))
+    bn = max(16, triton.next_power_of_2(N))
+    nw = 8 if bt * bt + bp * bn >= 128 * 128 + 64 * 128 else 4
+    return bt, bp, nw
+
+
+def _check_block(name: str, v: int) -> None:
+    if v < 16 or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles), got {v}")
+
+
+def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
+                          initial_state: Tensor | None = None, block_t: int | None = None,
+                          block_p: int | None = None, num_warps: int | None = None,
+                          num_stages: int = 2) -> tuple[Tensor, Tensor]:
+    """One-kernel SSD scan. x (B, L, H, P); dt (B, L, H) already discretized (0 on pad tokens); A (H,);
+    B, C (B, L, G, N); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
+    Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32 (a new tensor).
+    ``block_t`` tokens per tile, ``block_p`` state rows per program (powers of two >= 16), ``num_warps``,
+    ``num_stages``: launch options (None: ``_blocks``); the result does not depend on them."""
+    bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
+    for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
+        check_float(name, t)
+    bt, bp, nw = _blocks(L, P, N)
+    bt, bp, nw = block_t or bt, block_p or bp, num_warps or nw
+    _check_block("block_t", bt)
+    _check_block("block_p", bp)
+    y = torch.empty(bsz, L, H, P, dtype=x.dtype, device=x.device)
+    final = torch.empty(bsz, H, P, N, dtype=torch.float32, device=x.device)
+    if bsz == 0 or H == 0:
+        return y, final
+    s0 = initial_state
+    s0_strides = s0.stride() if s0 is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(P, bp), bsz, H)
+    _ssd_scan_kernel[grid](
+        x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
+        L, P, N, H // G,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *s0_strides, *y.stride(), *final.stride(),
+        HAS_D=D is not None, HAS_INIT=s0 is not None,
+        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
+        UPCAST=interpret_mode() and x.dtype == torch.bfloat16,
+        BLOCK_T=bt, BLOCK_P=bp, BLOCK_N=max(16, triton.next_power_of_2(N)),
+        num_warps=nw, num_stages=num_stages,
+    )
+    return y, final
