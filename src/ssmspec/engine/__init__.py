@@ -1,3 +1,4 @@
+from ssmspec.engine.engine import Engine
 from ssmspec.engine.generate import GenerationOutput, StepRecord, generate
 
-__all__ = ["generate", "GenerationOutput", "StepRecord"]
+__all__ = ["Engine", "generate", "GenerationOutput", "StepRecord"]

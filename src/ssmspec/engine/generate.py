@@ -1,9 +1,11 @@
 """generate(): the one decoding loop. It names no concrete strategy, drafter or verifier.
 
-Per step: drafter proposes a tree under each sequence's pending token -> strategy lays out the call ->
-model forward (Mamba-2 mixers call the strategy, attention blocks their KV cache) -> verifier returns
-accepted counts, path and bonus token -> strategy and KV caches commit on the device -> tokens are
-appended. Standard decoding is the same loop with no drafter (draft_len 0).
+Per step (``engine/step.py``): drafter proposes a tree under each sequence's pending token -> strategy lays
+out the call -> model forward (Mamba-2 mixers call the strategy, attention blocks their KV cache) ->
+verifier returns accepted counts, path and bonus token -> strategy and KV caches commit -> the emitted
+tokens are appended to the device token buffer, EOS and length flags set -- all on the device, captured
+once as CUDA graphs and replayed (``engine/engine.py``). The host reads each step's small report one step
+late, so it never stalls the device. Standard decoding is the same loop with no drafter (draft_len 0).
 """
 from __future__ import annotations
 
@@ -14,12 +16,10 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ssmspec.engine.context import RunContext
-from ssmspec.models.kv_cache import KVCache
+from ssmspec.engine.engine import Engine
 from ssmspec.models.model import HybridLM
-from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase, make_strategy
-from ssmspec.verify.base import Verdict
-from ssmspec.verify.distributions import SamplingConfig, sample, target_probs
+from ssmspec.strategies import SpecConfig, StrategyBase
+from ssmspec.verify.distributions import SamplingConfig
 
 
 @dataclass
@@ -27,7 +27,7 @@ class StepRecord:
     """One decode step, for timing hooks and metrics."""
 
     index: int  # 0 = prefill
-    seconds: float  # wall time of the step (device synchronised when timing=True)
+    seconds: float  # time of the step (CUDA events around it on the GPU, perf_counter on the CPU)
     accepted: list[int]  # accepted draft tokens per sequence (prefill: 0)
     emitted: list[int]  # tokens appended per still-running sequence
     tokens_in_call: int  # rows x length of the model call
@@ -38,6 +38,8 @@ class GenerationOutput:
     sequences: list[list[int]]  # generated tokens per prompt (prompt excluded, EOS included if hit)
     steps: list[StepRecord] = field(default_factory=list)
     cache_bytes: int = 0  # strategy state + KV caches allocated for this run
+    cuda_graph: bool = False  # decode steps replayed from CUDA graphs
+    drafter_on_device: bool = True  # drafting ran on the device (False: a host drafter synced every step)
 
     @property
     def prefill_seconds(self) -> float:
@@ -63,22 +65,6 @@ class GenerationOutput:
         return sum(vals) / len(vals) if vals else 0.0
 
 
-class _SampleVerifier:
-    """No drafts: emit one token from the target distribution (greedy or sampled)."""
-
-    name = "sample"
-
-    def __init__(self, sampling: SamplingConfig) -> None:
-        self.sampling = sampling
-
-    def verify(self, node_logits: Tensor, drafts, generator=None) -> Verdict:
-        bsz = node_logits.shape[0]
-        last = node_logits[:, 0]
-        tok = last.argmax(-1) if self.sampling.greedy else sample(target_probs(last, self.sampling), generator)
-        zeros = torch.zeros(bsz, dtype=torch.long, device=last.device)
-        return Verdict(accepted=zeros, path=zeros[:, None], bonus=tok)
-
-
 def _pad_left(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
     T = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
@@ -90,23 +76,20 @@ def _pad_left(prompts: Sequence[Sequence[int]], pad_id: int, device) -> tuple[Te
     return ids.to(device), valid.to(device)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def generate(model: HybridLM, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              strategy: str | StrategyBase = "autoregressive", drafter=None, verifier=None,
              sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig | None = None,
              eos_token_id: int | None = None, hooks: Sequence[Callable[[StepRecord], None]] = (),
-             timing: bool = True, progress=None) -> GenerationOutput:
+             timing: bool = True, progress=None, cuda_graph: bool | None = None) -> GenerationOutput:
     """Decode ``max_new_tokens`` tokens after each prompt (lists of token ids; lengths may differ).
 
     ``strategy`` keeps the SSM state (a registered name or an instance), ``drafter`` proposes drafts
-    (None: standard decoding), ``verifier`` judges them (default: greedy when temperature is 0). Every
-    finished step calls each hook with a ``StepRecord``; ``progress`` is an optional callable(n) told how
-    many steps ran.
+    (None: standard decoding), ``verifier`` judges them (default: greedy when temperature is 0, else
+    speculative sampling). ``cuda_graph``: replay captured steps (default: on CUDA). Every finished step
+    calls each hook with a ``StepRecord`` (one step late: the host reads reports without stalling the
+    device); ``progress`` is an optional callable(n) told how many steps ran. ``timing`` is kept for
+    compatibility: step times always come from events that cost no synchronisation.
     """
     cfg = model.cfg
     if not prompts or any(len(p) == 0 for p in prompts):
@@ -117,119 +100,38 @@ def generate(model: HybridLM, prompts: Sequence[Sequence[int]], *, max_new_token
                          f"{bad[:5]}; encode the prompts with this model's tokenizer (ssmspec.data.load_tokenizer)")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    strat = make_strategy(strategy) if isinstance(strategy, str) else strategy
-    if spec is None:
-        spec = drafter.spec if drafter is not None else SpecConfig()
-    if drafter is None and spec.draft_len:
-        raise ValueError("draft_len > 0 needs a drafter")
-    device, dtype = model.device, model.dtype
-    bsz = len(prompts)
+    device = model.device
     ids, valid = _pad_left(prompts, cfg.pad_token_id, device)
-    Tp = ids.shape[1]
-    call_len = max(Tp, strat.max_call_len(spec))
-    need = Tp + max_new_tokens + spec.nodes + 1
-    if cfg.attention_layers and need > cfg.max_seq_len:
-        raise ValueError(f"prompt of {Tp} tokens + {max_new_tokens} new tokens (+{spec.nodes + 1} per step in "
-                         f"flight) needs {need} KV slots but {cfg.name} allocates max_seq_len={cfg.max_seq_len}; "
-                         f"shorten the prompt, lower max_new_tokens, or raise model.max_seq_len")
-    strat.allocate(cfg, bsz, spec, device, dtype)
-    kv = [KVCache(bsz, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=strat.max_rows(bsz, spec),
-                  max_new=call_len, device=device, dtype=dtype) for _ in cfg.attention_layers]
-    if verifier is None:
-        if spec.draft_len == 0:
-            verifier = _SampleVerifier(sampling)
-        else:
-            from ssmspec.verify import make_verifier
-            verifier = make_verifier("greedy" if sampling.greedy else "speculative", sampling=sampling)
-    gen = torch.Generator(device=device).manual_seed(sampling.seed)
-    if drafter is not None:
-        drafter.reset([list(p) for p in prompts], batch=bsz, device=device)
+    bsz, Tp = ids.shape
+    eng = Engine(model, batch=bsz, prefill_len=Tp, max_new_tokens=max_new_tokens, strategy=strategy,
+                 drafter=drafter, verifier=verifier, sampling=sampling, spec=spec, eos_token_id=eos_token_id,
+                 cuda_graph=cuda_graph)
+    out = GenerationOutput(sequences=[[] for _ in range(bsz)], cache_bytes=eng.cache_bytes(),
+                           cuda_graph=eng.graphed, drafter_on_device=eng.drafter_on_device)
 
-    out = GenerationOutput(sequences=[[] for _ in range(bsz)])
-    out.cache_bytes = strat.cache_bytes() + sum(c.nbytes() for c in kv)
-    done = [False] * bsz
-    history = [list(p) for p in prompts]
-
-    def emit(toks_per_seq: list[list[int]]) -> list[int]:
-        counts = []
-        for b, toks in enumerate(toks_per_seq):
-            n = 0
-            for t in toks:
-                if done[b]:
-                    break
-                out.sequences[b].append(t)
-                history[b].append(t)
-                n += 1
-                if (eos_token_id is not None and t == eos_token_id) or len(out.sequences[b]) >= max_new_tokens:
-                    done[b] = True
-            counts.append(n)
-        return counts
-
-    # prefill ------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    pads = (~valid).sum(1)
-    positions = (torch.arange(Tp, device=device)[None] - pads[:, None]).clamp(min=0)
-    step = StepInputs(input_ids=ids, positions=positions, valid=valid, prefill=True)
-    ctx = RunContext(strategy=strat, kv=kv, step=step)
-    logits = model(ids, ctx)
-    for c in kv:
-        c.start.copy_(pads)
-        c.commit(torch.arange(bsz, device=device), torch.arange(Tp, device=device)[None].expand(bsz, Tp),
-                 torch.full((bsz,), Tp, device=device, dtype=torch.long))
-    first = verifier_first(verifier, logits[:, -1:], gen)
-    seq_len = valid.sum(1)  # tokens folded into the state per sequence (pads excluded)
-    kv_bound = Tp
-    if timing:
-        _sync(device)
-    rec = StepRecord(0, time.perf_counter() - t0, [0] * bsz, emit([[t] for t in first.tolist()]), bsz * Tp)
-    out.steps.append(rec)
-    for h in hooks:
-        h(rec)
-    pending = first
-
-    # decode -------------------------------------------------------------------------------
-    while not all(done):
-        t0 = time.perf_counter()
-        drafts = drafter.propose(history, pending) if drafter is not None else None
-        step = strat.layout(pending, drafts, seq_len)
-        kv_bound = min(kv_bound + spec.nodes + 1, cfg.max_seq_len)
-        step.kv_bound = kv_bound
-        ctx.step = step
-        logits = model(step.input_ids, ctx)
-        verdict = verifier.verify(step.gather_nodes(logits), drafts, gen)
-        strat.commit(verdict, step)
-        if kv:
-            rows, cols = _kv_source(step, verdict, bsz)
-            for c in kv:
-                c.commit(rows, cols, verdict.accepted + 1)
-        if drafter is not None:
-            drafter.observe(verdict)
-        seq_len = seq_len + verdict.accepted + 1
-        pending = verdict.bonus
-        toks = verdict.emitted(drafts)
-        if timing:
-            _sync(device)
-        rec = StepRecord(len(out.steps), time.perf_counter() - t0, verdict.accepted.tolist(), emit(toks),
-                         step.rows * step.length)
+    def record(rep, seconds: float, tokens_in_call: int) -> bool:
+        for b, toks in enumerate(rep.tokens):
+            out.sequences[b].extend(toks)
+        rec = StepRecord(len(out.steps), seconds, rep.accepted if out.steps else [0] * bsz,
+                         [len(t) for t in rep.tokens], tokens_in_call)
         out.steps.append(rec)
         for h in hooks:
             h(rec)
-        if progress is not None:
+        if progress is not None and rec.index:
             progress(1)
+        return all(rep.done)
+
+    t0 = time.perf_counter()
+    first = eng.prefill(ids, valid, [list(p) for p in prompts])
+    finished = record(first, time.perf_counter() - t0, bsz * Tp)
+    rows, length = eng.strategy.max_rows(bsz, eng.spec), eng.strategy.max_call_len(eng.spec)
+    while not finished:
+        eng.launch()  # step t queued; the report of step t-1 is read while t runs
+        for rep, seconds in eng.collect(keep=1):
+            finished = record(rep, seconds, rows * length) or finished
+        if finished:
+            break
+        if len(out.steps) > max_new_tokens + 1:  # every step emits >= 1 token per running sequence
+            raise RuntimeError("generation did not finish within max_new_tokens steps (engine bug)")
+    eng.collect(keep=0)  # the step launched past the end: its sequences were finished (masked)
     return out
-
-
-def verifier_first(verifier, last_logits: Tensor, gen) -> Tensor:
-    """The first token after the prompt: no drafts, so any verifier reduces to sampling node 0."""
-    return verifier.verify(last_logits, None, gen).bonus
-
-
-def _kv_source(step: StepInputs, verdict: Verdict, bsz: int) -> tuple[Tensor, Tensor]:
-    """Row and columns that hold each sequence's accepted tokens (pending token + accepted path)."""
-    path = verdict.path  # (B, 1+Smax) node numbers
-    cols = path if step.node_col is None else step.node_col.gather(1, path)
-    if step.node_row is None:
-        rows = torch.arange(bsz, device=path.device)
-    else:
-        rows = step.node_row.gather(1, verdict.last_node[:, None])[:, 0]
-    return rows, cols

@@ -1,0 +1,209 @@
+"""Engine: builds a ``DecodeStep`` for one run and drives it -- eagerly, or captured once as CUDA graphs and
+replayed. ``generate()`` and every step-time benchmark go through it, so what a benchmark times is the loop
+users run.
+
+    eng = Engine(model, batch=4, prefill_len=128, max_new_tokens=256, strategy="replay", drafter=d)
+    eng.prefill(ids, valid)               # eager; sets states, KV caches and the first token
+    while ...:
+        eng.launch()                      # one step: drafts -> target step (graph replays after the first)
+        rep = eng.collect()               # host copy of the previous step's report (non-blocking pipeline)
+
+    samples_ms = eng.time_steps(warmup=3, iters=20)   # benchmarks: CUDA events around each replay
+
+The first ``launch`` runs eagerly (on a side stream under CUDA: lazy initialisation, Triton compilation,
+cuBLAS workspaces), then the drafter's graph and the target's graph are captured and every later launch
+replays them. Each launch copies the step's small report into one of two pinned host buffers without
+blocking; ``collect`` waits only for the step before the newest one, so the device always has the next step
+queued while the host reads the last.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import Tensor
+
+from ssmspec.engine.memory import check_fits, plan_bytes
+from ssmspec.engine.step import DecodeStep, Report, default_verifier
+from ssmspec.models.model import HybridLM
+from ssmspec.strategies import SpecConfig, StrategyBase, make_strategy
+from ssmspec.verify.distributions import SamplingConfig
+
+log = logging.getLogger("ssmspec.engine")
+
+
+def _register(graph: torch.cuda.CUDAGraph, gens) -> None:
+    """Let a graph advance the philox offsets of the custom generators it draws from (else every replay
+    would repeat the captured random numbers)."""
+    for g in gens:
+        if g is None or g.device.type != "cuda":
+            continue
+        if not hasattr(graph, "register_generator_state"):
+            raise RuntimeError("this torch cannot capture draws from a custom CUDA generator in a graph "
+                               "(CUDAGraph.register_generator_state is missing); run eagerly (cuda_graph=False)")
+        graph.register_generator_state(g)
+
+
+class Engine:
+    """One run's decode step and its driver (module doc)."""
+
+    def __init__(self, model: HybridLM, *, batch: int, prefill_len: int, max_new_tokens: int,
+                 strategy: str | StrategyBase = "autoregressive", drafter=None, verifier=None,
+                 sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig | None = None,
+                 eos_token_id: int | None = None, cuda_graph: bool | None = None,
+                 kv_capacity: int | None = None) -> None:
+        cfg = model.cfg
+        self.model = model
+        strat = make_strategy(strategy) if isinstance(strategy, str) else strategy
+        if spec is None:
+            spec = drafter.spec if drafter is not None else SpecConfig()
+        if drafter is None and spec.draft_len:
+            raise ValueError("draft_len > 0 needs a drafter")
+        strat.check_spec(spec)
+        if batch < 1 or prefill_len < 1 or max_new_tokens < 1:
+            raise ValueError(f"need batch, prefill_len and max_new_tokens >= 1, got {batch}, {prefill_len}, "
+                             f"{max_new_tokens}")
+        dev = model.device
+        self.cuda = dev.type == "cuda"
+        self.graphed = self.cuda if cuda_graph is None else bool(cuda_graph)
+        if self.graphed and not self.cuda:
+            raise ValueError("cuda_graph=True needs the model on a CUDA device; use cuda_graph=False on CPU")
+        need = prefill_len + max_new_tokens + spec.nodes + 1  # the last step may append a whole window
+        if kv_capacity is None:
+            kv_capacity = need
+        if cfg.attention_layers and kv_capacity > cfg.max_seq_len:
+            raise ValueError(f"prompt of {prefill_len} tokens + {max_new_tokens} new tokens (+{spec.nodes + 1} per "
+                             f"step in flight) needs {kv_capacity} KV slots but {cfg.name} allocates max_seq_len="
+                             f"{cfg.max_seq_len}; shorten the prompt, lower max_new_tokens, or raise model.max_seq_len")
+        parts = plan_bytes(cfg, strat, batch=batch, spec=spec, kv_capacity=kv_capacity, prefill_len=prefill_len,
+                           dtype=model.dtype)
+        self.planned_bytes = check_fits(parts, dev, what=f"a run of {cfg.name} at batch {batch} with {prefill_len} "
+                                        f"prompt + {max_new_tokens} new tokens ({strat.name})",
+                                        fix="lower the batch, the context or max_new_tokens")
+        verifier = verifier if verifier is not None else default_verifier(spec, sampling)
+        self.generator = torch.Generator(device=dev).manual_seed(sampling.seed)
+        self.step = DecodeStep(model, strat, batch=batch, spec=spec, drafter=drafter, verifier=verifier,
+                               generator=self.generator, kv_capacity=kv_capacity, prefill_len=prefill_len,
+                               max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
+        self.strategy, self.drafter, self.verifier, self.spec = strat, drafter, verifier, spec
+        self.launches = 0
+        self._graphs: tuple | None = None  # (draft graph or None, target graph) once captured
+        self._inflight: list = []  # launched steps not collected yet: (host report, done event, timing events)
+        if self.cuda:
+            self._host = [torch.empty(self.step.report.shape, dtype=torch.long, pin_memory=True) for _ in range(2)]
+            self._stream = torch.cuda.Stream(dev)
+
+    @property
+    def drafter_on_device(self) -> bool:
+        return self.drafter is None or bool(getattr(self.drafter, "on_device", False))
+
+    def cache_bytes(self) -> int:
+        return self.step.cache_bytes()
+
+    # start -----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, ids: Tensor, valid: Tensor, prompts: list[list[int]] | None = None) -> Report:
+        """Left-padded prompts (B, T) -> first token of every sequence (eager; returns its report)."""
+        self.step.grow_bound = not self.graphed
+        self.step.prefill(ids, valid)
+        if self.drafter is not None:
+            if prompts is None:
+                prompts = [row[:n] for row, n in zip(ids.tolist(), valid.sum(1).tolist())]
+            self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device)
+        return self.step.report_of(self.step.report.cpu())
+
+    @torch.no_grad()
+    def start_synthetic(self, context: int, pending: Tensor) -> None:
+        """Benchmarks: caches as if ``context`` tokens had been prefilled (``DecodeStep.start_synthetic``)."""
+        self.step.grow_bound = not self.graphed
+        self.step.start_synthetic(context, pending)
+        if self.drafter is not None:
+            self.drafter.reset(self.step.buf.to_lists(), batch=self.step.batch, device=self.model.device)
+
+    # steps -----------------------------------------------------------------------------------------
+    def _eager(self) -> None:
+        s = self.step
+        s.set_drafts(s.draft())
+        s.target_step()
+
+    def _capture(self) -> None:
+        s, gens = self.step, list(getattr(self.drafter, "generators", lambda: [])())
+        draft_graph = None
+        if self.drafter is not None and self.drafter_on_device:
+            draft_graph = torch.cuda.CUDAGraph()
+            _register(draft_graph, gens)
+            with torch.cuda.graph(draft_graph):
+                s.set_drafts(s.draft())
+        target_graph = torch.cuda.CUDAGraph()
+        _register(target_graph, [self.generator])
+        with torch.cuda.graph(target_graph):
+            s.target_step()
+        self._graphs = (draft_graph, target_graph)
+
+    @torch.no_grad()
+    def launch(self) -> None:
+        """Queue one decode step (see module doc); never waits for the device except on the first call."""
+        s = self.step
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+        else:
+            t0 = time.perf_counter()
+        if not self.graphed:
+            self._eager()
+        elif self._graphs is None:  # first step: eager on a side stream, then capture (not executed)
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                self._eager()
+            torch.cuda.current_stream().wait_stream(self._stream)
+            torch.cuda.synchronize()
+            self._capture()
+        else:
+            draft_graph, target_graph = self._graphs
+            if draft_graph is not None:
+                draft_graph.replay()
+            elif self.drafter is not None:  # host drafter: eager drafts into the graph's static inputs
+                s.copy_drafts(s.draft())
+            target_graph.replay()
+        self.launches += 1
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            host = self._host[self.launches % 2]
+            host.copy_(s.report, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self._inflight.append((host, done, (start, end)))
+        else:
+            self._inflight.append((s.report.clone(), None, time.perf_counter() - t0))
+
+    def collect(self, *, keep: int = 1) -> list[tuple[Report, float]]:
+        """Reports of launched steps, oldest first, leaving the newest ``keep`` in flight (0: all). Each
+        comes with its step's time in seconds (CUDA events; perf_counter on CPU)."""
+        out = []
+        while len(self._inflight) > keep:
+            host, done, timing = self._inflight.pop(0)
+            if done is not None:
+                done.synchronize()
+                seconds = timing[0].elapsed_time(timing[1]) * 1e-3
+            else:
+                seconds = timing
+            out.append((self.step.report_of(host), seconds))
+        return out
+
+    @torch.no_grad()
+    def time_steps(self, *, warmup: int, iters: int) -> list[float]:
+        """ms per decode step: ``warmup`` untimed steps (the first one captures the graphs), then ``iters``
+        steps, each timed with CUDA events (perf_counter on CPU). Steps are real: caches grow."""
+        if iters < 1 or warmup < 0:
+            raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+        for _ in range(max(warmup, 1 if self.graphed else 0)):
+            self.launch()
+        self.collect(keep=0)
+        samples = []
+        for _ in range(iters):
+            self.launch()
+        for _rep, seconds in self.collect(keep=0):
+            samples.append(seconds * 1e3)
+        return samples

@@ -1,0 +1,250 @@
+"""The decode step: one function of fixed shapes that the engine captures once as a CUDA graph.
+
+``DecodeStep`` owns everything one (model, strategy, drafter, verifier, batch, SpecConfig) needs across
+steps, allocated once: the strategy's SSM / conv state, a KV cache per attention block, the device token
+buffer (``TokenBuffer``: prompt + emitted tokens of every sequence), and the per-sequence counters
+(pending token, tokens folded into the state, tokens emitted, finished flag). ``step()`` runs
+
+    drafter.propose_device(buf)  ->  strategy.layout  ->  model  ->  verifier  ->  strategy.commit + KV commit
+    ->  drafter.observe  ->  append the emitted tokens to the buffer, EOS / length flags
+
+with device ops only: the host waits on nothing inside a step. Finished sequences keep stepping (their
+emitted count is masked to 0), and prompts of different lengths were left-padded at prefill, so the shapes
+never change. On CUDA the drafting and the target's step are captured as two graphs replayed back to back
+(the drafter's work stays separable: its own graph, later its own stream or device); drafters that cannot
+run on the device (``on_device`` False) run eagerly before the target's graph and their drafts are copied
+into the graph's static inputs. CPU runs the same functions eagerly.
+
+After every step the emitted tokens, counts and flags are gathered into one small int64 tensor
+(``report``, (B, 4 + S)); ``engine/generate.py`` copies it to pinned host memory without blocking and reads it one step
+later, so the host never stalls the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import DraftTree, TokenBuffer
+from ssmspec.engine.context import RunContext
+from ssmspec.models.kv_cache import KVCache
+from ssmspec.models.model import HybridLM
+from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase
+from ssmspec.verify.base import Verdict
+
+
+class _SampleVerifier:
+    """No drafts: emit one token from the target distribution (greedy or sampled)."""
+
+    name = "sample"
+
+    def __init__(self, sampling) -> None:
+        self.sampling = sampling
+
+    def verify(self, node_logits: Tensor, drafts, generator=None) -> Verdict:
+        from ssmspec.verify.distributions import sample, target_probs
+
+        last = node_logits[:, 0]
+        tok = last.argmax(-1) if self.sampling.greedy else sample(target_probs(last, self.sampling), generator)
+        zeros = torch.zeros(last.shape[0], dtype=torch.long, device=last.device)
+        return Verdict(accepted=zeros, path=zeros[:, None], bonus=tok)
+
+
+def default_verifier(spec: SpecConfig, sampling):
+    """Greedy or speculative sampling for drafts, plain (greedy / sampled) picking without them."""
+    if spec.draft_len == 0:
+        return _SampleVerifier(sampling)
+    from ssmspec.verify import make_verifier
+
+    return make_verifier("greedy" if sampling.greedy else "speculative", sampling=sampling)
+
+
+@dataclass
+class Report:
+    """What one step emitted, per sequence (host copy of ``DecodeStep.report``)."""
+
+    tokens: list[list[int]]  # emitted tokens (accepted drafts, then the bonus), EOS / budget applied
+    accepted: list[int]  # accepted draft tokens (before masking finished sequences)
+    done: list[bool]  # finished after this step
+
+
+class DecodeStep:
+    """Static buffers + the step function of one run (module doc)."""
+
+    def __init__(self, model: HybridLM, strategy: StrategyBase, *, batch: int, spec: SpecConfig, drafter=None,
+                 verifier, generator: torch.Generator, kv_capacity: int, prefill_len: int, max_new_tokens: int,
+                 eos_token_id: int | None = None) -> None:
+        cfg = model.cfg
+        self.model, self.strategy, self.drafter, self.verifier = model, strategy, drafter, verifier
+        self.spec, self.batch, self.generator = spec, batch, generator
+        self.device, dtype = model.device, model.dtype
+        dev = self.device
+        self.depth = spec.draft_len  # S: deepest accepted path
+        self.max_new_tokens, self.eos_token_id = max_new_tokens, eos_token_id
+        strategy.allocate(cfg, batch, spec, dev, dtype)
+        call_len = max(prefill_len, strategy.max_call_len(spec))
+        self.kv_capacity = kv_capacity
+        self.kv = [KVCache(batch, cfg.n_kv_heads, cfg.attn_head_dim, kv_capacity, rows=strategy.max_rows(batch, spec),
+                           max_new=call_len, device=dev, dtype=dtype) for _ in cfg.attention_layers]
+        # token rows: prompt, emitted tokens; room for one step past the budget (masked writes stay in range)
+        cap = prefill_len + max_new_tokens + spec.draft_len + 2
+        self.buf = TokenBuffer(tokens=torch.zeros(batch, cap, dtype=torch.long, device=dev),
+                               length=torch.zeros(batch, dtype=torch.long, device=dev),
+                               prompt_len=torch.zeros(batch, dtype=torch.long, device=dev))
+        self.pending = torch.zeros(batch, dtype=torch.long, device=dev)  # (B,) next token fed to the target
+        self.seq_len = torch.zeros(batch, dtype=torch.long, device=dev)  # (B,) tokens folded into the state
+        self.emitted = torch.zeros(batch, dtype=torch.long, device=dev)  # (B,) tokens emitted so far
+        self.done = torch.zeros(batch, dtype=torch.bool, device=dev)  # (B,) finished (EOS or budget)
+        self.report = torch.zeros(batch, 4 + self.depth, dtype=torch.long, device=dev)  # see _append()
+        self.ctx = RunContext(strategy=strategy, kv=self.kv, step=None)
+        self.kv_bound = kv_capacity  # host bound on committed KV slots a call may read
+        self.grow_bound = True  # eager runs: raise kv_bound by one step's tokens per step (host knowledge);
+        # a captured step reads the whole capacity (its shapes are frozen at capture)
+        self.drafts: DraftTree | None = None  # the drafts the target's step reads (static under graphs)
+
+    def cache_bytes(self) -> int:
+        """Strategy state + KV caches of this run."""
+        return self.strategy.cache_bytes() + sum(c.nbytes() for c in self.kv)
+
+    # prefill --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, ids: Tensor, valid: Tensor) -> None:
+        """Left-padded prompts ids, valid (B, T): set states and KV caches, pick the first token (eager)."""
+        bsz, T = ids.shape
+        dev = self.device
+        pads = (~valid).sum(1)  # (B,)
+        positions = (torch.arange(T, device=dev)[None] - pads[:, None]).clamp(min=0)
+        self.ctx.step = StepInputs(input_ids=ids, positions=positions, valid=valid, prefill=True)
+        logits = self.model(ids, self.ctx)
+        for c in self.kv:
+            c.start.copy_(pads)
+            c.commit(torch.arange(bsz, device=dev), torch.arange(T, device=dev)[None].expand(bsz, T),
+                     torch.full((bsz,), T, device=dev, dtype=torch.long))
+        first = self.verifier.verify(logits[:, -1:], None, self.generator).bonus  # (B,)
+        # token rows hold each prompt from column 0 (no padding), then the first token
+        n = valid.sum(1)
+        col = torch.arange(T, device=dev)[None]
+        src = (col + pads[:, None]).clamp(max=T - 1)  # prompt token k of row b sits at padded column pads + k
+        self.buf.tokens[:, :T] = torch.where(col < n[:, None], ids.gather(1, src), 0)
+        self.buf.prompt_len.copy_(n)
+        self.buf.length.copy_(n)
+        self.kv_bound = T
+        self.seq_len.copy_(n)
+        self.emitted.zero_()
+        self.done.zero_()
+        self._append(first[:, None], torch.ones_like(n), accepted=torch.zeros_like(n))
+        self.pending.copy_(first)
+
+    @torch.no_grad()
+    def start_synthetic(self, context: int, pending: Tensor, *, seed: int = 0) -> None:
+        """Benchmark start: caches as if ``context`` tokens had been prefilled (KV contents random: a step's
+        time does not depend on their values; SSM / conv states as allocated), ``pending`` (B,) next."""
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        for c in self.kv:
+            c.k[:, :, :context].normal_(generator=gen)
+            c.v[:, :, :context].normal_(generator=gen)
+            c.start.zero_()
+            c.length.fill_(context)
+        self.buf.tokens.random_(0, self.model.cfg.vocab_size, generator=gen)
+        self.buf.prompt_len.fill_(context)
+        self.buf.length.fill_(context)
+        self.buf.tokens.scatter_(1, (self.buf.length - 1)[:, None], pending[:, None])
+        self.seq_len.fill_(context)
+        self.emitted.zero_()
+        self.done.zero_()
+        self.pending.copy_(pending)
+        self.kv_bound = self.kv_capacity
+
+    # one decode step ------------------------------------------------------------------------------
+    def draft(self) -> DraftTree | None:
+        """The drafter's proposal from the token buffer (device-side for on_device drafters)."""
+        return None if self.drafter is None else self.drafter.propose_device(self.buf)
+
+    def set_drafts(self, drafts: DraftTree | None) -> None:
+        """Drafts for the next ``target_step``: the first ones become the static inputs; later ones are copied
+        into them (host drafters under a graph) or replace them (eager runs)."""
+        self.drafts = drafts
+
+    def copy_drafts(self, drafts: DraftTree) -> None:
+        """Copy fresh drafts into the static ones a captured graph reads."""
+        s = self.drafts
+        s.tokens.copy_(drafts.tokens)
+        s.parents.copy_(drafts.parents)
+        if s.q is not None:
+            s.q.copy_(drafts.q)
+
+    def target_step(self) -> None:
+        """Layout -> model -> verify -> commit -> append (device ops only; see module doc)."""
+        drafts, strat = self.drafts, self.strategy
+        step = strat.layout(self.pending, drafts, self.seq_len)
+        if self.grow_bound:
+            self.kv_bound = min(self.kv_bound + self.spec.nodes + 1, self.kv_capacity)
+        step.kv_bound = self.kv_bound
+        self.ctx.step = step
+        logits = self.model(step.input_ids, self.ctx)
+        verdict = self.verifier.verify(step.gather_nodes(logits), drafts, self.generator)
+        strat.commit(verdict, step)
+        if self.kv:
+            rows, cols = kv_source(step, verdict, self.batch)
+            for c in self.kv:
+                c.commit(rows, cols, verdict.accepted + 1)
+        if self.drafter is not None:
+            self.drafter.observe(verdict)
+        a = verdict.accepted  # (B,)
+        if drafts is None:
+            toks = verdict.bonus[:, None]  # (B, 1)
+        else:
+            nodes = torch.cat([self.pending[:, None], drafts.tokens], dim=1)  # (B, 1+T) node tokens
+            path = nodes.gather(1, verdict.path)[:, 1:]  # (B, S) accepted drafts first
+            j = torch.arange(path.shape[1] + 1, device=a.device)[None]
+            toks = torch.cat([path, verdict.bonus[:, None]], dim=1)  # (B, 1+S)
+            toks = torch.where(j == a[:, None], verdict.bonus[:, None], toks)  # bonus right after the path
+        self._append(toks, a + 1, accepted=a)
+        self.seq_len.add_(a + 1)
+        self.pending.copy_(verdict.bonus)
+
+    def _append(self, toks: Tensor, count: Tensor, *, accepted: Tensor) -> None:
+        """Append ``count`` (B,) of ``toks`` (B, C) to every unfinished row, stopping after EOS and at the
+        budget; update the finished flags and the report."""
+        bsz, C = toks.shape
+        j = torch.arange(C, device=toks.device)[None]  # (1, C)
+        n = torch.minimum(count, self.max_new_tokens - self.emitted)  # budget
+        if self.eos_token_id is not None:
+            eos = (toks == self.eos_token_id) & (j < n[:, None])
+            first = torch.where(eos, j, C).amin(1)  # (B,) first EOS column (C: none)
+            n = torch.minimum(n, first + 1)
+        else:
+            first = torch.full_like(n, C)
+        n = torch.where(self.done, 0, n)  # finished rows emit nothing
+        idx = self.buf.length[:, None] + j  # (B, C) columns to write; in range (cap has a step's slack)
+        old = self.buf.tokens.gather(1, idx)
+        self.buf.tokens.scatter_(1, idx, torch.where(j < n[:, None], toks, old))
+        self.buf.length.add_(n)
+        self.emitted.add_(n)
+        self.done |= (self.emitted >= self.max_new_tokens) | (first < n)
+        # report (B, 4 + S): emitted tokens (C <= 1 + S columns, -1 past the count), count, accepted, done
+        r = self.report
+        r[:, :C] = torch.where(j < n[:, None], toks, -1)
+        r[:, C:1 + self.depth] = -1
+        r[:, 1 + self.depth] = n
+        r[:, 2 + self.depth] = accepted
+        r[:, -1] = self.done.long()
+
+    def report_of(self, host: Tensor) -> Report:
+        """Decode a host copy of ``report``."""
+        rows = host.tolist()
+        S = self.depth
+        return Report(tokens=[r[:r[1 + S]] for r in rows], accepted=[r[2 + S] for r in rows],
+                      done=[bool(r[-1]) for r in rows])
+
+
+def kv_source(step: StepInputs, verdict: Verdict, bsz: int) -> tuple[Tensor, Tensor]:
+    """Row and columns that hold each sequence's accepted tokens (pending token + accepted path)."""
+    path = verdict.path  # (B, 1+Smax) node numbers
+    cols = path if step.node_col is None else step.node_col.gather(1, path)
+    if step.node_row is None:
+        rows = torch.arange(bsz, device=path.device)
+    else:
+        rows = step.node_row.gather(1, verdict.last_node[:, None])[:, 0]
+    return rows, cols
