@@ -34,29 +34,28 @@ class BeamTree(ModelDrafterBase, DrafterBase):
         opts = self._init_draft(draft, seed=seed, dtype=dtype)
         self._record(**opts, beams=beams, depth=depth)
 
-    def reset(self, prompts, *, batch: int, device) -> None:
-        self.device = torch.device(device)
-        self.runner = self._runner(device, max_depth=self.N)
-        self.runner.reset([list(p) for p in prompts])
-        if self.runner.model.cfg.vocab_size < self.M:
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        """Prefill the draft on ``prompts``; ``max_new_tokens`` sizes its KV cache (``DraftRunner.reset``)."""
+        run = self._reset_runner(prompts, device, max_depth=self.N, width=self.M, max_new_tokens=max_new_tokens)
+        if run.model.cfg.vocab_size < self.M:
             raise ValueError(f"beam_tree with {self.M} beams needs a vocabulary of at least {self.M} tokens")
+        self.base = torch.arange(len(prompts), device=run.model.device)[:, None] * self.M  # (B, 1) first row
 
-    @torch.no_grad()
-    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+    def _draft(self, root: Tensor) -> DraftTree:
+        """root (B, V) draft logits after the pending token -> the N x M beam tree (B, N*M)."""
         run, M, N = self.runner, self.M, self.N
-        logp = torch.log_softmax(run.absorb(history).float(), dim=-1)  # (B, V) at the root
+        logp = torch.log_softmax(root.float(), dim=-1)  # (B, V) at the root
         bsz, V = logp.shape
         scores, tok = logp.topk(M, dim=-1)  # (B, M) layer 1: the M most likely tokens
         layers = [tok]
         parents = [torch.zeros_like(tok)]
         run.begin(M)
-        base = torch.arange(bsz, device=tok.device)[:, None] * M  # (B, 1) first scratch row of each sequence
         for k in range(2, N + 1):
             logits = run.step(tok.reshape(-1), depth=k - 1)  # (B*M, V) after each layer k-1 beam
             cand = scores[..., None] + torch.log_softmax(logits.float(), dim=-1).reshape(bsz, M, V)  # (B, M, V)
             scores, flat = cand.reshape(bsz, M * V).topk(M, dim=-1)  # (B, M) best M extensions
             beam, tok = flat // V, flat % V  # parent beam in layer k-1, token
-            run.reorder((base + beam).reshape(-1))  # rows follow their parent beam
+            run.reorder((self.base + beam).reshape(-1))  # rows follow their parent beam
             layers.append(tok)
             parents.append(1 + (k - 2) * M + beam)  # node number of the parent beam
         tokens = torch.cat(layers, dim=1).to(self.device)  # (B, N*M)

@@ -7,6 +7,10 @@ own greedy continuation of the committed prefix, and ``q`` is None (one-hot for 
 ``temperature > 0`` each token is sampled from the draft distribution (temperature / top-k / top-p) and
 that distribution is recorded in ``DraftTree.q`` for speculative sampling; ``num_drafts`` chains are
 then independent samples (identical under greedy drafting, so refused there: use ``beam_tree``).
+
+``propose_device`` runs on the device with no host sync (CUDA-graph capturable): sampling draws from the
+device generator ``gen`` made at ``reset``; a graph that captures it registers it first
+(``torch.cuda.CUDAGraph.register_generator_state(drafter.gen)``) so each replay draws fresh numbers.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.registry import DrafterBase, register_drafter
 from ssmspec.drafting.runner import ModelDrafterBase
 from ssmspec.strategies.base import SpecConfig
-from ssmspec.verify.distributions import SamplingConfig, sample, target_probs
+from ssmspec.verify.distributions import SamplingConfig, target_probs
 
 
 @register_drafter("draft_model")
@@ -41,16 +45,15 @@ class DraftModel(ModelDrafterBase, DrafterBase):
         self._record(**opts, draft_len=draft_len, num_drafts=num_drafts, temperature=temperature, top_p=top_p,
                      top_k=top_k, sample_seed=sample_seed)
 
-    def reset(self, prompts, *, batch: int, device) -> None:
-        self.device = torch.device(device)
-        self.runner = self._runner(device, max_depth=self.S)
-        self.runner.reset([list(p) for p in prompts])
-        self.gen = torch.Generator(device=self.runner.model.device).manual_seed(self.sampling.seed)
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        """Prefill the draft on ``prompts``; ``max_new_tokens`` sizes its KV cache (``DraftRunner.reset``)."""
+        run = self._reset_runner(prompts, device, max_depth=self.S, width=self.D, max_new_tokens=max_new_tokens)
+        self.gen = torch.Generator(device=run.model.device).manual_seed(self.sampling.seed)
 
-    @torch.no_grad()
-    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+    def _draft(self, root: Tensor) -> DraftTree:
+        """root (B, V) draft logits after the pending token -> D chains of S tokens (B, D*S)."""
         run, S, D = self.runner, self.S, self.D
-        logits = run.absorb(history).repeat_interleave(D, dim=0)  # (B*D, V) at the root of each chain
+        logits = root.repeat_interleave(D, dim=0)  # (B*D, V) at the root of each chain
         run.begin(D)
         toks, qs = [], []
         for k in range(1, S + 1):
@@ -58,12 +61,19 @@ class DraftModel(ModelDrafterBase, DrafterBase):
                 t = logits.argmax(-1)  # (B*D,)
             else:
                 probs = target_probs(logits, self.sampling)  # (B*D, V)
-                t = sample(probs, self.gen)
+                t = draw(probs, self.gen)
                 qs.append(probs)
             toks.append(t)
             if k < S:
                 logits = run.step(t, depth=k)
-        bsz = len(history)
+        bsz = root.shape[0]
         tokens = torch.stack(toks, dim=1).reshape(bsz, D, S).to(self.device)
         q = torch.stack(qs, dim=1).reshape(bsz, D, S, -1).to(self.device) if qs else None
         return DraftTree.from_chains(tokens, q)
+
+
+def draw(probs: Tensor, gen: torch.Generator) -> Tensor:
+    """(..., V) probabilities -> (...) int64 draws, on the device without a host sync: the exponential race
+    argmax(p / E), E ~ Exp(1), picks token v with probability p_v. It is what ``torch.multinomial`` does for
+    one sample after checking its input on the host, so the draws from one generator state are the same."""
+    return (probs / torch.empty_like(probs).exponential_(generator=gen)).argmax(-1)

@@ -14,6 +14,7 @@ layer deeper). Within those numbers, more children go to more likely parents.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ssmspec.drafting.base import DraftTree
@@ -86,43 +87,45 @@ class StaticTree(ModelDrafterBase, DrafterBase):
         opts = self._init_draft(draft, seed=seed, dtype=dtype)
         self._record(**opts, shape=shape if isinstance(shape, str) else parents)
 
-    def reset(self, prompts, *, batch: int, device) -> None:
-        self.device = torch.device(device)
-        self.runner = self._runner(device, max_depth=self.S)
-        self.runner.reset([list(p) for p in prompts])
-        dev = self.runner.model.device
-        # per layer d >= 1: (node numbers, parent's slot in layer d-1, rank among siblings), on the draft's device
-        self.index = [tuple(torch.tensor(v, device=dev) for v in (
-            layer, [self.slot[self.parents[i - 1]] for i in layer], [self.rank[i] for i in layer]))
-            for layer in self.layers[1:]]
-        if self.runner.model.cfg.vocab_size < self.kmax:
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        """Prefill the draft on ``prompts`` (``max_new_tokens`` sizes its KV cache) and lay the shape's static
+        schedule out on the device: per layer its nodes, their parents' slots and ranks, the scratch row each
+        slot continues from."""
+        run = self._reset_runner(prompts, device, max_depth=self.S, width=self.width, max_new_tokens=max_new_tokens)
+        if run.model.cfg.vocab_size < self.kmax:
             raise ValueError(f"shape has a node with {self.kmax} children but the draft vocabulary has "
-                             f"{self.runner.model.cfg.vocab_size} tokens")
-
-    @torch.no_grad()
-    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
-        run, W = self.runner, self.width
-        root = run.absorb(history)  # (B, V)
-        bsz = root.shape[0]
-        dev = root.device
+                             f"{run.model.cfg.vocab_size} tokens")
+        dev, bsz, W = run.model.device, len(prompts), self.width
         base = torch.arange(bsz, device=dev)[:, None] * W  # (B, 1) first scratch row per sequence
-        tokens = torch.zeros(bsz, len(self.parents), dtype=torch.long, device=dev)
+        self.index = []  # per layer d >= 1: (parent's slot in layer d-1, rank among siblings) (n_d,) each
+        self.rows = []  # per layer d >= 1: (B*W,) scratch row each layer-d row continues from
+        for layer in self.layers[1:]:
+            par_slot = [self.slot[self.parents[i - 1]] for i in layer]
+            self.index.append((torch.tensor(par_slot, device=dev), torch.tensor([self.rank[i] for i in layer],
+                                                                                device=dev)))
+            src = torch.tensor(par_slot + [0] * (W - len(layer)), device=dev)  # (W,) unused slots copy slot 0
+            self.rows.append((base + src[None]).reshape(-1))
+        order = [i for layer in self.layers[1:] for i in layer]  # node numbers, layer after layer
+        self.perm = torch.tensor([order.index(i) for i in range(1, len(self.parents) + 1)], device=dev)  # (T,)
+        self.parents_t = torch.tensor(self.parents, device=self.device).expand(bsz, -1).contiguous()  # (B, T)
+
+    def _draft(self, root: Tensor) -> DraftTree:
+        """root (B, V) draft logits after the pending token -> the shape filled with ranked tokens (B, T)."""
+        run, W = self.runner, self.width
+        bsz = root.shape[0]
         top = root.topk(self.kmax, dim=-1).indices[:, None]  # (B, 1, kmax) ranked tokens per layer-0 slot
         run.begin(W)
+        layers = []
         for d in range(1, self.S + 1):
-            nodes, par_slot, rank = self.index[d - 1]  # (n_d,) each
+            par_slot, rank = self.index[d - 1]  # (n_d,) each
             tok = top[:, par_slot, rank]  # (B, n_d) each node's ranked token at its parent
-            tokens[:, nodes - 1] = tok
+            layers.append(tok)
             if d == self.S:
                 break
             # rows of layer d: slot j continues from its parent's row, then feeds node j's token
-            n_d = nodes.numel()
-            src = torch.zeros(W, dtype=torch.long, device=dev)
-            src[:n_d] = par_slot
-            run.reorder((base + src[None]).reshape(-1))
-            feed = torch.zeros(bsz, W, dtype=torch.long, device=dev)
-            feed[:, :n_d] = tok
+            run.reorder(self.rows[d - 1])
+            feed = F.pad(tok, (0, W - tok.shape[1]))  # (B, W)
             logits = run.step(feed.reshape(-1), depth=d).reshape(bsz, W, -1)  # (B, W, V)
             top = logits.topk(self.kmax, dim=-1).indices  # (B, W, kmax)
-        return DraftTree(tokens.to(self.device), torch.tensor(self.parents, device=self.device).expand(bsz, -1)
-                         .contiguous(), None, 0, self.S)
+        tokens = torch.cat(layers, dim=1)[:, self.perm]  # (B, T) back to node order
+        return DraftTree(tokens.to(self.device), self.parents_t, None, 0, self.S)
