@@ -11,13 +11,17 @@ with probability p, else a uniformly chosen *different* token, so under greedy v
 accepted length is a truncated geometric: P(a >= k) = p^k. Trees (``tree``: a static shape name or a
 parents list): every node independently carries the true token of its depth with probability p.
 Seeded (``seed``); meant for greedy runs (with sampling the history leaves the greedy reference).
+
+Runs on the device (``on_device``): the references live in one (B, horizon) tensor, the position in them
+is read from the engine's ``TokenBuffer`` (tokens emitted so far), and the Bernoulli draws come from a
+generator on the target's device, so ``propose_device`` is captured in the engine's drafter graph.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.drafting.registry import DrafterBase, register_drafter
 from ssmspec.drafting.static_tree import check_parents, resolve_shape
 from ssmspec.strategies.base import SpecConfig
@@ -26,6 +30,8 @@ from ssmspec.strategies.base import SpecConfig
 @register_drafter("oracle")
 class Oracle(DrafterBase):
     """Corrupted greedy continuation of the target (module doc)."""
+
+    on_device = True
 
     def __init__(self, *, p: float = 0.8, draft_len: int | None = None, num_drafts: int | None = None,
                  tree=None, reference: list[list[int]] | None = None, target=None, horizon: int = 256,
@@ -75,28 +81,45 @@ class Oracle(DrafterBase):
             raise ValueError("oracle reference sequences must not be empty")
         if self.vocab_size is None or self.vocab_size < 2:
             raise ValueError("oracle needs vocab_size >= 2 (or target=) to draw corrupted tokens")
-        self.plen = [len(p) for p in prompts]
-        self.gen = torch.Generator().manual_seed(self.seed)
-        self.depth_idx = torch.tensor(self.node_depth) - 1  # (T,) depth-1 of every node
+        dev = self.device
+        width = max(len(r) for r in self.reference)
+        # (B, width) references, each padded with its last token (past the end it stands in)
+        self.ref = torch.tensor([list(r) + [r[-1]] * (width - len(r)) for r in self.reference], dtype=torch.long,
+                                device=dev)
+        self.plen = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)  # (B,)
+        self.gen = torch.Generator(device=dev).manual_seed(self.seed)
+        self.depth_idx = torch.tensor(self.node_depth, device=dev) - 1  # (T,) depth-1 of every node
+        if self.parents is not None:
+            self.parents_t = torch.tensor(self.parents, device=dev).expand(batch, -1).contiguous()
+
+    def generators(self) -> list[torch.Generator]:
+        """The generator propose_device draws from (a CUDA graph must advance it on replay)."""
+        return [self.gen]
+
+    def _truth(self, emitted: Tensor) -> Tensor:
+        """(B, S) the target's next S greedy tokens after ``emitted`` (B,) tokens (pending included)."""
+        S = self.spec.draft_len
+        k = emitted[:, None] + torch.arange(S, device=emitted.device)[None]  # (B, S)
+        return self.ref.gather(1, k.clamp(min=0, max=self.ref.shape[1] - 1))
 
     def truth(self, history: list[list[int]]) -> Tensor:
-        """(B, S) the target's next S greedy tokens after each history (S = max depth)."""
-        S = self.spec.draft_len
-        rows = []
-        for b, h in enumerate(history):
-            ref = self.reference[b]
-            k = len(h) - self.plen[b]  # tokens emitted so far, pending included
-            seq = list(ref[k:k + S])
-            rows.append(seq + [ref[-1]] * (S - len(seq)))
-        return torch.tensor(rows, dtype=torch.long)
+        """(B, S) the target's next S greedy tokens after each history (host lists)."""
+        n = torch.tensor([len(h) for h in history], dtype=torch.long, device=self.device)
+        return self._truth(n - self.plen).cpu()
 
-    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
-        true = self.truth(history)[:, self.depth_idx]  # (B, T) the true token of each node's depth
+    def _draw(self, true: Tensor) -> DraftTree:
+        """true (B, T) the true token of every node -> drafts with each token kept with probability p."""
         bsz, T = true.shape
-        keep = torch.rand(bsz, T, generator=self.gen) < self.p
-        shift = 1 + torch.randint(self.vocab_size - 1, (bsz, T), generator=self.gen)  # 1 .. V-1: never the truth
-        tokens = torch.where(keep, true, (true + shift) % self.vocab_size).to(self.device)
+        keep = torch.rand(bsz, T, generator=self.gen, device=true.device) < self.p
+        shift = 1 + torch.randint(self.vocab_size - 1, (bsz, T), generator=self.gen, device=true.device)  # never 0
+        tokens = torch.where(keep, true, (true + shift) % self.vocab_size)
         if self.parents is None:
             return DraftTree.from_chains(tokens.reshape(bsz, self.spec.num_drafts, self.spec.draft_len))
-        parents = torch.tensor(self.parents, device=self.device).expand(bsz, -1).contiguous()
-        return DraftTree(tokens, parents, None, 0, self.spec.draft_len)
+        return DraftTree(tokens, self.parents_t, None, 0, self.spec.draft_len)
+
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        return self._draw(self._truth(buf.length - buf.prompt_len)[:, self.depth_idx])
+
+    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+        n = torch.tensor([len(h) for h in history], dtype=torch.long, device=self.device)
+        return self._draw(self._truth(n - self.plen)[:, self.depth_idx])

@@ -48,6 +48,11 @@ class DrafterBase:
         """Default for host drafters: copy the buffer to the host (a sync) and call ``propose``."""
         return self.propose(buf.to_lists(), buf.pending())
 
+    def generators(self) -> list:
+        """torch.Generators that propose_device draws from: a CUDA graph must register them, or every replay
+        would repeat the random numbers drawn at capture. Drafters that sample override this."""
+        return []
+
     def observe(self, verdict) -> None:
         """The step's verdict. The drafters here read what was accepted from ``history`` instead."""
 
