@@ -8,7 +8,8 @@ import yaml
 
 from ssmspec.drafting import DraftTree, drafter_names, make_drafter, merge_chains
 from ssmspec.drafting.oracle import Oracle
-from ssmspec.drafting.png import ngram_drafts
+from ssmspec.drafting.base import TokenBuffer
+from ssmspec.drafting.png import ngram_drafts, ngram_drafts_device
 from ssmspec.drafting.static_tree import SHAPES, StaticTree, check_parents
 from ssmspec.paths import CONF_DIR
 from ssmspec.verify import GreedyVerifier
@@ -64,6 +65,44 @@ def test_png_drafter_chains_and_merged_tree():
 
 
 # merging ------------------------------------------------------------------------------------------
+def _buffer(histories: list[list[int]], capacity: int) -> TokenBuffer:
+    toks = torch.zeros(len(histories), capacity, dtype=torch.long)
+    for b, h in enumerate(histories):
+        toks[b, :len(h)] = torch.tensor(h)
+        toks[b, len(h):] = torch.randint(0, 4, (capacity - len(h),))  # stale columns must not matter
+    n = torch.tensor([len(h) for h in histories])
+    return TokenBuffer(tokens=toks, length=n, prompt_len=n.clone())
+
+
+@pytest.mark.parametrize("ngram,min_ngram,num_drafts,draft_len", [
+    pytest.param(3, 1, 1, 4, id="png3-d1-S4"), pytest.param(3, 1, 3, 2, id="png3-d3-S2"),
+    pytest.param(6, 2, 2, 6, id="png6-min2-d2-S6"), pytest.param(1, 1, 4, 3, id="png1-d4-S3"),
+    pytest.param(4, 4, 2, 5, id="png4-min4-d2-S5")])
+def test_png_device_lookup_equals_the_host_lookup(ngram, min_ngram, num_drafts, draft_len):
+    """Random histories over a 4-token vocabulary (many repeated n-grams, ties, duplicate continuations,
+    continuations running off the end, histories of 1-3 tokens): the device op equals ngram_drafts."""
+    g = torch.Generator().manual_seed(ngram * 100 + num_drafts)
+    hists = [torch.randint(0, 4, (int(n),), generator=g).tolist()
+             for n in torch.randint(1, 40, (48,), generator=g)] + [[2], [2, 2], [1, 2, 1]]
+    buf = _buffer(hists, capacity=45)
+    got = ngram_drafts_device(buf.tokens, buf.length, ngram=ngram, num_drafts=num_drafts, draft_len=draft_len,
+                              min_ngram=min_ngram)
+    want = [ngram_drafts(h, ngram=ngram, num_drafts=num_drafts, draft_len=draft_len, min_ngram=min_ngram)
+            for h in hists]
+    assert got.tolist() == want
+
+
+def test_png_drafter_on_device_reads_the_token_buffer_without_host_syncs(monkeypatch):
+    d = make_drafter("png", ngram=3, num_drafts=2, draft_len=3)
+    assert d.on_device and not make_drafter("png", ngram=3, num_drafts=2, draft_len=3, merge=True).on_device
+    hist = [[1, 2, 3, 4, 9, 7, 1, 2, 3], [5, 5, 6, 5, 5]]
+    buf = _buffer(hist, capacity=16)
+    want = d.propose(hist, torch.tensor([3, 5])).tokens
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("host sync in propose_device"))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("host sync in propose_device"))
+    assert torch.equal(d.propose_device(buf).tokens, want)
+
+
 def test_merge_dedups_shared_prefixes_and_keeps_every_chain():
     chains = torch.tensor([[[1, 2, 3], [1, 2, 4], [5, 6, 7], [1, 2, 3]], [[9, 9, 9]] * 4])
     t = DraftTree.merge_chains(chains)

@@ -12,14 +12,22 @@ pending token ``draft_len`` times (a guess like any other: verified, usually rej
 
 ``merge=True`` merges the drafts into one prefix tree (shared prefixes verified once; fixed size
 ``num_drafts * draft_len``, see ``drafting/merge.py``), which needs a strategy that verifies trees.
-The lookup runs on the host over token lists; drafts are moved to the target's device.
+
+On the device (``ngram_drafts_device``, used by ``propose_device``): the same drafts as the host lookup, as
+fixed-shape tensor ops over the engine's token buffer, so the engine captures the lookup in its drafter
+graph. Every earlier end position e of a match gets the length m(e) of the suffix match ending there (capped
+at ``ngram`` and at the history); the host's order -- longest n first, most recent first -- is the order of
+(m(e), e) descending, and a match's continuation depends on e only (the tokens after e). ``num_drafts``
+rounds each take the best remaining e and drop every candidate with the same continuation (the host's
+"distinct drafts"). ``merge=True`` merges on the host (``merge_chains`` walks token lists): that drafter
+is not on the device and says so (``on_device`` False).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.drafting.merge import merge_chains
 from ssmspec.drafting.registry import DrafterBase, register_drafter
 from ssmspec.strategies.base import SpecConfig
@@ -49,6 +57,41 @@ def ngram_drafts(history: list[int], *, ngram: int, num_drafts: int, draft_len: 
     return drafts
 
 
+def ngram_drafts_device(tokens: Tensor, length: Tensor, *, ngram: int, num_drafts: int, draft_len: int,
+                        min_ngram: int = 1) -> Tensor:
+    """``ngram_drafts`` for every row at once, on the device. tokens (B, C) int64 (row b valid in columns
+    < length[b], pending token last), length (B,) -> drafts (B, num_drafts, draft_len). No host sync."""
+    bsz, C = tokens.shape
+    dev = tokens.device
+    last = (length - 1).clamp(min=0)  # (B,) column of the pending token
+    e = torch.arange(C, device=dev)[None]  # (1, C) candidate end columns of a match
+    # m(e): how many of the last ``ngram`` tokens match backwards from e
+    run = torch.ones(bsz, C, dtype=torch.bool, device=dev)
+    m = torch.zeros(bsz, C, dtype=torch.long, device=dev)
+    for j in range(ngram):
+        key = tokens.gather(1, (last - j).clamp(min=0)[:, None])  # (B, 1) j-th token from the end
+        at = tokens.gather(1, (e - j).clamp(min=0).expand(bsz, C))  # (B, C)
+        run = run & (e - j >= 0) & (at == key)
+        m = m + run.long()
+    m = torch.minimum(m, last[:, None])  # an n-gram needs n <= L - 1 tokens before the pending one
+    ok = (e <= last[:, None] - 1) & (m >= min_ngram)  # a token must follow the match inside the history
+    score = torch.where(ok, m * C + e, -1)  # (B, C) longest match first, most recent first
+    # continuation of e: tokens e+1 .. e+S, repeating the history's last token past its end
+    k = torch.arange(draft_len, device=dev)
+    cont_idx = torch.minimum(e[..., None] + 1 + k, last[:, None, None])  # (B, C, S)
+    conts = tokens.gather(1, cont_idx.reshape(bsz, C * draft_len)).reshape(bsz, C, draft_len)
+    fill = tokens.gather(1, last[:, None]).expand(bsz, draft_len)  # (B, S) pending token repeated
+    drafts = []
+    for _ in range(num_drafts):
+        best = score.argmax(1)  # (B,)
+        found = score.gather(1, best[:, None])[:, 0] >= 0
+        pick = conts.gather(1, best[:, None, None].expand(bsz, 1, draft_len))[:, 0]  # (B, S)
+        drafts.append(torch.where(found[:, None], pick, fill))
+        same = (conts == pick[:, None, :]).all(-1) & found[:, None]  # (B, C) same continuation: not distinct
+        score = score.masked_fill(same, -1)
+    return torch.stack(drafts, dim=1)
+
+
 @register_drafter("png")
 class PromptNgram(DrafterBase):
     """PNG(n, d): ``num_drafts`` chains of ``draft_len`` tokens from n-gram matches in the history."""
@@ -64,6 +107,7 @@ class PromptNgram(DrafterBase):
         self.ngram, self.min_ngram, self.num_drafts, self.draft_len, self.merge = (
             ngram, min_ngram, num_drafts, draft_len, merge)
         self.is_tree = merge
+        self.on_device = not merge  # merge_chains walks host lists
         nodes = num_drafts * draft_len
         self.spec = (SpecConfig(draft_len=draft_len, tree_size=nodes) if merge
                      else SpecConfig(draft_len=draft_len, num_drafts=num_drafts))
@@ -72,6 +116,13 @@ class PromptNgram(DrafterBase):
 
     def reset(self, prompts, *, batch: int, device) -> None:
         self.device = torch.device(device)
+
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        if self.merge:
+            return super().propose_device(buf)
+        tokens = ngram_drafts_device(buf.tokens, buf.length, ngram=self.ngram, num_drafts=self.num_drafts,
+                                     draft_len=self.draft_len, min_ngram=self.min_ngram)
+        return DraftTree.from_chains(tokens)
 
     def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
         rows = [ngram_drafts(h, ngram=self.ngram, num_drafts=self.num_drafts, draft_len=self.draft_len,

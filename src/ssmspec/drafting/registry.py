@@ -23,7 +23,7 @@ class DrafterBase:
 
     name: ClassVar[str] = "base"
     is_tree: bool = False  # proposes trees that are not D disjoint chains
-    on_device: ClassVar[bool] = False  # propose_device runs device ops only (CUDA-graph capturable)
+    on_device: bool = False  # propose_device runs device ops only (CUDA-graph capturable)
     tree_options: ClassVar[str] = ""  # tree-only drafters: the options that shape the tree (for errors)
 
     def __init__(self) -> None:
