@@ -1,0 +1,228 @@
+"""The one-kernel SSD prefill scan (ops/ssd/triton.py) against its fp32 twins: the per-token recurrence and the
+chunked reference scan. CPU: Triton interpreter on small shapes; GPU (``gpu`` marker): the real kernel at the
+paper's mixer sizes, and against mamba_ssm's ``mamba_chunk_scan_combined`` where it is importable."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernel_checks import TOL, assert_close
+from ssmspec.ops.ssd import ssd_chunk_scan, ssd_chunk_scan_ref, ssm_recurrence_ref
+
+DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16"),
+          pytest.param(torch.float16, id="fp16")]
+# Final states are fp32, but with bf16 / fp16 inputs the carry's x·w and the state operand of the readout are
+# rounded to the input dtype before the tensor-core products (as mamba_ssm's chunk state does).
+STATE_TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (5e-3, 1e-2), torch.float16: (1e-3, 2e-3)}
+
+# (batch, L, H, P, G, N, block_t): L not a multiple of the tile, one token, G = 1 / 3, P = 80, odd N
+SHAPES = [
+    pytest.param(2, 37, 6, 80, 3, 64, 16, id="L37-tile16-H6-G3-P80-N64"),
+    pytest.param(1, 1, 2, 16, 1, 8, None, id="L1-G1-N8"),
+    pytest.param(2, 70, 4, 32, 1, 24, 32, id="L70-tile32-G1-N24"),
+    pytest.param(3, 19, 3, 24, 3, 16, None, id="L19-default-tile-G3-P24"),
+]
+
+
+def scan_inputs(bsz, L, H, P, G, N, dtype, device, seed=0):
+    """x, discretized dt (softplus around 0.05), A in [-8, -0.5], B, C, D and an fp32 initial state."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    return dict(x=r(bsz, L, H, P).to(device, dtype), dt=F.softplus(r(bsz, L, H) - 3.0).to(device),
+                A=-(0.5 + 7.5 * torch.rand(H, generator=g)).to(device),
+                B=r(bsz, L, G, N, scale=0.3).to(device, dtype), C=r(bsz, L, G, N, scale=0.3).to(device, dtype),
+                D=r(H).to(device), s0=r(bsz, H, P, N, scale=0.1).to(device))
+
+
+def run_triton(inp, *, D=True, init=True, **launch):
+    from ssmspec.ops.ssd.triton import ssd_chunk_scan_triton
+    return ssd_chunk_scan_triton(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"] if D else None,
+                                 initial_state=inp["s0"] if init else None, **launch)
+
+
+def run_recurrence(inp, *, D=True, init=True):
+    return ssm_recurrence_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"] if D else None,
+                              initial_state=inp["s0"] if init else None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bsz, L, H, P, G, N, block_t", SHAPES)
+def test_kernel_matches_recurrence(device, bsz, L, H, P, G, N, block_t, dtype):
+    inp = scan_inputs(bsz, L, H, P, G, N, dtype, device)
+    y, s = run_triton(inp, block_t=block_t)
+    y_ref, s_ref = run_recurrence(inp)
+    assert y.dtype == dtype and s.dtype == torch.float32
+    assert_close(y, y_ref, TOL[dtype], "y")
+    assert_close(s, s_ref, STATE_TOL[dtype], "final state")
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("D", [pytest.param(False, id="D-None"), pytest.param(True, id="D-set")])
+@pytest.mark.parametrize("init", [pytest.param(False, id="zero-state"), pytest.param(True, id="initial-state")])
+def test_optional_arguments(device, init, D, dtype):
+    inp = scan_inputs(2, 21, 4, 80, 2, 64, dtype, device, seed=1)
+    y, s = run_triton(inp, D=D, init=init, block_t=16)
+    y_ref, s_ref = run_recurrence(inp, D=D, init=init)
+    assert_close(y, y_ref, TOL[dtype], "y")
+    assert_close(s, s_ref, STATE_TOL[dtype], "final state")
+
+
+@pytest.mark.parametrize("launch", [pytest.param(dict(block_t=16, block_p=16), id="t16-p16"),
+                                    pytest.param(dict(block_t=32, block_p=32, num_warps=2), id="t32-p32-w2"),
+                                    pytest.param(dict(block_t=64, num_warps=8, num_stages=1), id="t64-w8-s1")])
+def test_launch_options_do_not_change_the_result(device, launch):
+    """The blockt sweep times every choice; each must compute the same scan (tiles are exact up to rounding)."""
+    inp = scan_inputs(2, 45, 2, 48, 1, 32, torch.float32, device, seed=2)
+    y, s = run_triton(inp, **launch)
+    y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=7,
+                                      initial_state=inp["s0"])
+    assert_close(y, y_ref, TOL[torch.float32], "y")
+    assert_close(s, s_ref, STATE_TOL[torch.float32], "final state")
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+def test_left_pads_leave_the_initial_state_untouched(device, dtype):
+    """Pads with dt = 0 in front (a left-padded batch) change neither the state nor the later outputs."""
+    inp = scan_inputs(2, 20, 4, 32, 2, 16, dtype, device, seed=3)
+    pads = torch.tensor([7, 0], device=device)  # row 0: 7 pads, row 1: none
+    valid = torch.arange(20, device=device)[None, :] >= pads[:, None]  # (B, L)
+    inp["dt"] = inp["dt"] * valid[..., None]
+    y, s = run_triton(inp, block_t=16)
+    for b, p in enumerate(pads.tolist()):
+        one = {k: (v[b:b + 1, p:] if k in ("x", "dt", "B", "C") else v[b:b + 1] if k == "s0" else v)
+               for k, v in inp.items()}
+        y_ref, s_ref = run_recurrence(one)
+        assert_close(y[b:b + 1, p:], y_ref, TOL[dtype], f"y of row {b} after its pads")
+        assert_close(s[b:b + 1], s_ref, STATE_TOL[dtype], f"state of row {b}")
+    only_pads = {**inp, "dt": torch.zeros_like(inp["dt"])}
+    _, s_pad = run_triton(only_pads, block_t=16)
+    torch.testing.assert_close(s_pad, inp["s0"], atol=0, rtol=0)  # decay exp(0) = 1, input term dt·x = 0
+
+
+def test_strided_views_with_poisoned_gaps(device):
+    """x, B, C as views into one packed (B, L, H·P + 2·G·N + 8) row -- as the mixer splits xBC -- with NaN in
+    the 8 unused columns and in every other token of a strided dt: the kernel reads only its own elements."""
+    bsz, L, H, P, G, N = 2, 23, 4, 32, 2, 16
+    inp = scan_inputs(bsz, L, H, P, G, N, torch.float32, device, seed=4)
+    packed = torch.full((bsz, L, H * P + 2 * G * N + 8), float("nan"), device=device)
+    packed[..., :H * P] = inp["x"].reshape(bsz, L, -1)
+    packed[..., H * P:H * P + G * N] = inp["B"].reshape(bsz, L, -1)
+    packed[..., H * P + G * N:H * P + 2 * G * N] = inp["C"].reshape(bsz, L, -1)
+    dt2 = torch.full((bsz, 2 * L, H), float("nan"), device=device)
+    dt2[:, ::2] = inp["dt"]
+    views = dict(inp, x=packed[..., :H * P].view(bsz, L, H, P),
+                 B=packed[..., H * P:H * P + G * N].view(bsz, L, G, N),
+                 C=packed[..., H * P + G * N:H * P + 2 * G * N].view(bsz, L, G, N), dt=dt2[:, ::2],
+                 s0=inp["s0"].transpose(2, 3).contiguous().transpose(2, 3))  # (B, H, P, N) view, N-major
+    y, s = run_triton(views, block_t=16)
+    y_ref, s_ref = run_recurrence(inp)
+    assert_close(y, y_ref, TOL[torch.float32], "y")
+    assert_close(s, s_ref, STATE_TOL[torch.float32], "final state")
+
+
+def test_empty_sequence_returns_the_initial_state(device):
+    inp = scan_inputs(2, 0, 2, 16, 1, 16, torch.float32, device)
+    y, s = run_triton(inp)
+    assert y.shape == (2, 0, 2, 16)
+    torch.testing.assert_close(s, inp["s0"])
+
+
+def test_public_dispatch(device):
+    """``auto`` takes the kernel on CUDA and the fp32 reference on CPU; both agree with the recurrence."""
+    inp = scan_inputs(2, 9, 2, 16, 1, 16, torch.bfloat16, device, seed=5)
+    args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
+    y, s = ssd_chunk_scan(*args, chunk_size=4, initial_state=inp["s0"])
+    assert y.dtype == (torch.bfloat16 if device == "cuda" else torch.float32)
+    y_ref, s_ref = run_recurrence(inp)
+    assert_close(y, y_ref, TOL[torch.bfloat16], "y")
+    assert_close(s, s_ref, STATE_TOL[torch.bfloat16], "final state")
+    y_k, _ = ssd_chunk_scan(*args, initial_state=inp["s0"], backend="triton")
+    assert y_k.dtype == torch.bfloat16
+
+
+def _bad(inp, **kw):
+    args = {k: inp[k] for k in ("x", "dt", "A", "B", "C", "D")}
+    args.update(kw)
+    return args
+
+
+@pytest.mark.parametrize("change, match", [
+    pytest.param(dict(dt=torch.rand(2, 9, 3)), "dt must be", id="dt-shape"),
+    pytest.param(dict(B=torch.randn(2, 9, 3, 16)), "divisible by G", id="groups-not-dividing"),
+    pytest.param(dict(D=torch.randn(3)), "D must be", id="D-shape"),
+    pytest.param(dict(initial_state=torch.zeros(2, 2, 16, 8)), "initial_state must be", id="state-shape"),
+    pytest.param(dict(chunk_size=0), "chunk_size must be", id="chunk-size"),
+])
+def test_bad_input_is_refused(change, match):
+    inp = scan_inputs(2, 9, 2, 16, 1, 16, torch.float32, "cpu")
+    args = _bad(inp, **change)
+    x, dt, A, B, C, D = (args.pop(k) for k in ("x", "dt", "A", "B", "C", "D"))
+    with pytest.raises(ValueError, match=match):
+        ssd_chunk_scan(x, dt, A, B, C, D, **args)
+
+
+def test_kernel_refuses_bad_launch_options_and_float64(device):
+    inp = scan_inputs(1, 4, 2, 16, 1, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="block_t must be a power of two >= 16"):
+        run_triton(inp, block_t=24)
+    with pytest.raises(ValueError, match="backend='reference'"):
+        ssd_chunk_scan(inp["x"].double(), inp["dt"], inp["A"], inp["B"].double(), inp["C"].double(),
+                       backend="triton")
+
+
+# GPU: the paper's mixer sizes ---------------------------------------------------------------------------
+GPU_SHAPES = [  # (batch, L, H, P, G, N)
+    pytest.param(2, 4099, 112, 64, 8, 128, id="nemotron-h-4b-L4099"),
+    pytest.param(1, 8192, 80, 64, 1, 128, id="mamba2-2.7b-L8192"),
+    pytest.param(16, 2048, 8, 64, 1, 64, id="seed004-B16-L2048"),
+]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bsz, L, H, P, G, N", GPU_SHAPES)
+def test_gpu_real_sizes_match_reference(bsz, L, H, P, G, N, dtype):
+    inp = scan_inputs(bsz, L, H, P, G, N, dtype, "cuda", seed=6)
+    y, s = run_triton(inp)
+    y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=256,
+                                      initial_state=inp["s0"])
+    assert torch.isfinite(y).all() and torch.isfinite(s).all()
+    limit = 1e-4 if dtype == torch.float32 else 1e-2  # norm-relative over millions of outputs
+    assert _rel(y, y_ref) < limit and _rel(s, s_ref) < limit
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_t, num_warps", [(64, 4), (128, 4), (128, 8), (256, 8)])
+def test_gpu_every_swept_block_size_is_correct(block_t, num_warps):
+    inp = scan_inputs(4, 3000, 8, 64, 1, 64, torch.bfloat16, "cuda", seed=7)
+    try:
+        y, s = run_triton(inp, block_t=block_t, num_warps=num_warps)
+    except Exception as e:  # noqa: BLE001 -- a tile that does not fit is a sweep result, not a wrong answer
+        if "OutOfResources" in type(e).__name__ or "out of resource" in str(e).lower():
+            pytest.skip(f"block_t={block_t} does not fit: {e}")
+        raise
+    y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=128,
+                                      initial_state=inp["s0"])
+    assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_matches_mamba_ssm_chunk_scan():
+    """The same outputs and final states as mamba_ssm's five-kernel scan (raw dt through its softplus)."""
+    from ssmspec.bench.kernels import mamba_ssm_ops
+    _, chunk, why = mamba_ssm_ops()
+    if chunk is None:
+        pytest.skip(why)
+    inp = scan_inputs(2, 2000, 112, 64, 8, 128, torch.bfloat16, "cuda", seed=8)
+    y, s = run_triton(inp)
+    y_m, s_m = chunk(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk_size=256, D=inp["D"],
+                     initial_states=inp["s0"], return_final_states=True)
+    assert _rel(y, y_m) < 1e-2 and _rel(s, s_m) < 1e-2
