@@ -1,0 +1,207 @@
+"""ReplaySSM kernels for Gated DeltaNet in Triton (seed 000, Alg. 6 and 8; the maths in ``ops/gdn/naive.py``).
+
+One ``gdn_replay_verify`` call of L tokens is three launches, all graph-safe (the flush decision is
+per-sequence data read at run time, no host sync):
+1. ``_scores_kernel``, one program per (sequence, key group): the inner products of every query and key of
+   the call with the committed ring keys and with the call's keys -- kk_r[s, j] = k_j·k_s, kq_r[s, j] =
+   k_j·q_s, kk_n[s, t] = k_t·k_s, kq_n[s, t] = k_t·q_s -- computed once per group (seed 000: "precomputing
+   shared inner products") into a small fp32 scratch; it also records the window after the flush;
+2. ``_main_kernel``, one program per (sequence, value head, BLOCK_P columns): loads its checkpoint tile
+   S0 (N, BLOCK_P) once; where the sequence flushes, folds the committed entries into it and stores it (the
+   only state store); then per token s the two readouts S0ᵀk_s and S0ᵀq_s, the ring terms, and one step of
+   forward substitution for U = (I + A)⁻¹R (every column of U is independent, so the WY solve needs
+   nothing from other programs); writes y_s and appends U_s to the ring;
+3. ``_append_kernel``, one program per (sequence, token): appends k_s and g_s at ring slot
+   (head + count + s) % R and moves head / count. It runs last because kernels 1-2 read the old keys and
+   gates it may overwrite (a flush with count + L > R) and the pointers.
+Kernel 2 reads and writes only its own columns of ring_u (the fold's reads come before U is known), so
+appending U there is race-free. Kernel 2 writes S0 in place: never autotuned.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.gdn.naive import check_replay_args, default_scale
+from ssmspec.ops.replay.triton import _ring_slots, _window
+from ssmspec.ops.triton_common import check_float
+
+
+@triton.jit
+def _scores_kernel(rk_ptr, q_ptr, k_ptr, head_ptr, count_ptr, flush_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
+                   win_ptr, L, R, N, rk_b, rk_r, rk_g, rk_n, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n,
+                   HAS_FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr):
+    b = tl.program_id(0)
+    grp = tl.program_id(1)
+    G = tl.num_programs(1)
+    _, _, _, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    if grp == 0:  # the window after the flush, for the append kernel (which moves head / count)
+        tl.store(win_ptr + 2 * b, hd)
+        tl.store(win_ptr + 2 * b + 1, c)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_l = tl.arange(0, BLOCK_L)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    live = offs_r < c
+    slots = _ring_slots(hd, offs_r, R)
+    Kr = tl.load(rk_ptr + b * rk_b + slots[:, None] * rk_r + grp * rk_g + offs_n[None, :] * rk_n,
+                 mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N) ring keys
+    Kn = tl.load(k_ptr + b * k_b + offs_l[:, None] * k_l + grp * k_g + offs_n[None, :] * k_n,
+                 mask=(offs_l < L)[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_N)
+    base_r = (b * G + grp) * L * R
+    base_n = (b * G + grp) * L * L
+    for s in range(0, L):
+        ks = tl.load(k_ptr + b * k_b + s * k_l + grp * k_g + offs_n * k_n, mask=mask_n, other=0.0).to(tl.float32)
+        qs = tl.load(q_ptr + b * q_b + s * q_l + grp * q_g + offs_n * q_n, mask=mask_n, other=0.0).to(tl.float32)
+        tl.store(kkr_ptr + base_r + s * R + offs_r, tl.sum(Kr * ks[None, :], axis=1), mask=offs_r < R)
+        tl.store(kqr_ptr + base_r + s * R + offs_r, tl.sum(Kr * qs[None, :], axis=1), mask=offs_r < R)
+        tl.store(kkn_ptr + base_n + s * L + offs_l, tl.sum(Kn * ks[None, :], axis=1), mask=offs_l < L)
+        tl.store(kqn_ptr + base_n + s * L + offs_l, tl.sum(Kn * qs[None, :], axis=1), mask=offs_l < L)
+
+
+@triton.jit
+def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, q_ptr, k_ptr, v_ptr, g_ptr,
+                 beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr, y_ptr, scale, L, R, N, P, heads_per_group,
+                 S_b, S_h, S_n, S_p, rk_b, rk_r, rk_g, rk_n, ru_b, ru_r, ru_h, ru_p, rg_b, rg_r, rg_h,
+                 q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p, g_b, g_l, g_h, be_b, be_l, be_h,
+                 y_b, y_l, y_h, y_p,
+                 HAS_FLUSH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
+                 BLOCK_L: tl.constexpr):
+    pid_p = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    H = tl.num_programs(2)
+    grp = h // heads_per_group
+    G = H // heads_per_group
+    f, h0, c0, hd, c = _window(head_ptr, count_ptr, flush_ptr, b, L, R, HAS_FLUSH)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    mask_n = offs_n < N
+    mask_p = offs_p < P
+    mask = mask_n[:, None] & mask_p[None, :]
+    s_ptrs = S_ptr + b * S_b + h * S_h + offs_n[:, None] * S_n + offs_p[None, :] * S_p
+    S = tl.load(s_ptrs, mask=mask, other=0.0)  # (BLOCK_N, BLOCK_P) checkpoint tile, the one state load
+    if f * c0 > 0:  # flush with a non-empty ring: S0 <- exp(g_j)·S0 + k_j u_jᵀ over the committed entries
+        for j in range(0, c0):
+            slot = (h0 + j) % R
+            gj = tl.load(rg_ptr + b * rg_b + slot * rg_r + h * rg_h)
+            kj = tl.load(rk_ptr + b * rk_b + slot * rk_r + grp * rk_g + offs_n * rk_n, mask=mask_n,
+                         other=0.0).to(tl.float32)  # (BLOCK_N,)
+            uj = tl.load(ru_ptr + b * ru_b + slot * ru_r + h * ru_h + offs_p * ru_p, mask=mask_p,
+                         other=0.0).to(tl.float32)  # (BLOCK_P,)
+            S = S * tl.exp(gj) + kj[:, None] * uj[None, :]
+        tl.store(s_ptrs, S, mask=mask)
+    # the committed window after the flush: gates, their prefix sums, this program's columns of u
+    offs_r = tl.arange(0, BLOCK_R)
+    live = offs_r < c
+    slots = _ring_slots(hd, offs_r, R)
+    gr = tl.load(rg_ptr + b * rg_b + slots * rg_r + h * rg_h, mask=live, other=0.0)  # (BLOCK_R,)
+    cumr = tl.cumsum(gr, axis=0)
+    Ur = tl.load(ru_ptr + b * ru_b + slots[:, None] * ru_r + h * ru_h + offs_p[None, :] * ru_p,
+                 mask=live[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
+    offs_l = tl.arange(0, BLOCK_L)
+    gn = tl.load(g_ptr + b * g_b + offs_l * g_l + h * g_h, mask=offs_l < L, other=0.0).to(tl.float32)
+    gam = tl.sum(gr, axis=0) + tl.cumsum(gn, axis=0)  # (BLOCK_L,) Γ_s: log-decay checkpoint -> token s
+    U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
+    base_r = (b * G + grp) * L * R
+    base_n = (b * G + grp) * L * L
+    for s in range(0, L):
+        gs = tl.sum(tl.where(offs_l == s, gam, 0.0), axis=0)
+        bs = tl.load(beta_ptr + b * be_b + s * be_l + h * be_h).to(tl.float32)
+        ks = tl.load(k_ptr + b * k_b + s * k_l + grp * k_g + offs_n * k_n, mask=mask_n, other=0.0).to(tl.float32)
+        qs = tl.load(q_ptr + b * q_b + s * q_l + grp * q_g + offs_n * q_n, mask=mask_n, other=0.0).to(tl.float32)
+        vs = tl.load(v_ptr + b * v_b + s * v_l + h * v_h + offs_p * v_p, mask=mask_p, other=0.0).to(tl.float32)
+        hk = tl.sum(S * ks[:, None], axis=0)  # (BLOCK_P,) S0ᵀk_s
+        hq = tl.sum(S * qs[:, None], axis=0)  # (BLOCK_P,) S0ᵀq_s
+        wr = tl.where(live, tl.exp(gs - cumr), 0.0)  # (BLOCK_R,) decay from ring entry j to token s
+        kkr = tl.load(kkr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
+        kqr = tl.load(kqr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
+        earlier = offs_l < s
+        wn = tl.where(offs_l <= s, tl.exp(gs - gam), 0.0)  # (BLOCK_L,) decay from token t to token s
+        kkn = tl.load(kkn_ptr + base_n + s * L + offs_l, mask=earlier, other=0.0)
+        kqn = tl.load(kqn_ptr + base_n + s * L + offs_l, mask=offs_l <= s, other=0.0)
+        es = tl.exp(gs)
+        # U_s = R_s − Σ_{t<s} A[s, t] U_t with R_s = β_s(v_s − e^{Γ_s} S0ᵀk_s − ring part), A = β_s e^{Γ_s−Γ_t} k_t·k_s
+        rk_part = tl.sum((wr * kkr)[:, None] * Ur, axis=0)
+        us = bs * (vs - es * hk - rk_part - tl.sum(tl.where(earlier, wn * kkn, 0.0)[:, None] * U, axis=0))
+        U = tl.where(offs_l[:, None] == s, us[None, :], U)
+        ys = es * hq + tl.sum((wr * kqr)[:, None] * Ur, axis=0) + tl.sum((wn * kqn)[:, None] * U, axis=0)
+        tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, scale * ys, mask=mask_p)
+        slot = (hd + c + s) % R  # append U_s: only this program reads or writes these columns
+        tl.store(ru_ptr + b * ru_b + slot * ru_r + h * ru_h + offs_p * ru_p, us, mask=mask_p)
+
+
+@triton.jit
+def _append_kernel(rk_ptr, rg_ptr, head_ptr, count_ptr, win_ptr, k_ptr, g_ptr, L, R, H, G, N,
+                   rk_b, rk_r, rk_g, rk_n, rg_b, rg_r, rg_h, k_b, k_l, k_g, k_n, g_b, g_l, g_h,
+                   BLOCK: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program (b, s): token s's key (G, N) and gates (H,) into ring slot (head + count + s) % R of the window
+    after the flush (read from ``win``); program (b, 0) moves head / count. Nothing in this launch reads
+    head / count, so the move is race-free."""
+    b = tl.program_id(0)
+    s = tl.program_id(1)
+    hd = tl.load(win_ptr + 2 * b)
+    c = tl.load(win_ptr + 2 * b + 1)
+    slot = (hd + c + s) % R
+    offs = tl.arange(0, BLOCK)
+    for start in range(0, G * N, BLOCK):
+        i = start + offs
+        gg = i // N
+        nn = i % N
+        kv = tl.load(k_ptr + b * k_b + s * k_l + gg * k_g + nn * k_n, mask=i < G * N)
+        tl.store(rk_ptr + b * rk_b + slot * rk_r + gg * rk_g + nn * rk_n, kv, mask=i < G * N)
+    offs_h = tl.arange(0, BLOCK_H)
+    gv = tl.load(g_ptr + b * g_b + s * g_l + offs_h * g_h, mask=offs_h < H, other=0.0).to(tl.float32)
+    tl.store(rg_ptr + b * rg_b + slot * rg_r + offs_h * rg_h, gv, mask=offs_h < H)
+    if s == 0:
+        tl.store(head_ptr + b, hd.to(head_ptr.dtype.element_ty))
+        tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
+
+
+def _main_blocks(N: int, P: int, L: int) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) of the state kernel, by hand (it writes S0 in place on flush steps: never
+    autotuned; the ``sweep`` rows of bench/kernels_gdn.py time the alternatives). Decode is a streaming read of
+    the checkpoint: 32 columns x N = 128 is 16 KB of fp32 state a program at 4 warps. Verify adds two
+    column reductions over N per token on the same tile; two warps keep them short."""
+    bp = max(8, min(64, 4096 // triton.next_power_of_2(N)))
+    return min(bp, max(8, triton.next_power_of_2(P))), (4 if L <= 1 else 2)
+
+
+def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, head: Tensor, count: Tensor,
+                             q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
+                             flush: Tensor | None = None, block_p: int | None = None,
+                             num_warps: int | None = None) -> Tensor:
+    """Triton form of ``gdn_replay_verify`` (see ``ssmspec.ops.gdn``); ``block_p`` / ``num_warps`` override
+    the hand-picked launch of the state kernel (benchmark sweeps)."""
+    bsz, L, H, P, G, N, R = check_replay_args(S0, ring_k, ring_u, ring_g, head, count, q, k, v, g, beta, flush)
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("ring_k", ring_k), ("ring_u", ring_u)):
+        check_float(name, t)
+    dev = v.device
+    kk_r = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # k_j·k_s, ring entries j
+    kq_r = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # k_j·q_s
+    kk_n = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # k_t·k_s, the call's tokens t
+    kq_n = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # k_t·q_s
+    win = torch.empty(bsz, 2, device=dev, dtype=torch.int32)  # (head, count) after the flush
+    y = torch.empty_like(v)
+    flag = flush if flush is not None else count  # bool is read as int1; None: the rule, decided in-kernel
+    has_flush = flush is not None
+    BR = max(2, triton.next_power_of_2(R))
+    BL = max(2, triton.next_power_of_2(L))
+    BN = max(16, triton.next_power_of_2(N))
+    _scores_kernel[(bsz, G)](ring_k, q, k, head, count, flag, kk_r, kq_r, kk_n, kq_n, win, L, R, N,
+                             *ring_k.stride(), *q.stride(), *k.stride(), HAS_FLUSH=has_flush, BLOCK_R=BR,
+                             BLOCK_L=BL, BLOCK_N=BN, num_warps=4 if BR * BN <= 4096 else 8)
+    bp, nw = _main_blocks(N, P, L)
+    bp, nw = block_p or bp, num_warps or nw
+    _main_kernel[(triton.cdiv(P, bp), bsz, H)](
+        S0, ring_k, ring_u, ring_g, head, count, flag, q, k, v, g, beta, kk_r, kq_r, kk_n, kq_n, y,
+        default_scale(scale, N), L, R, N, P, H // G,
+        *S0.stride(), *ring_k.stride(), *ring_u.stride(), *ring_g.stride(), *q.stride(), *k.stride(), *v.stride(),
+        *g.stride(), *beta.stride(), *y.stride(),
+        HAS_FLUSH=has_flush, BLOCK_N=BN, BLOCK_P=bp, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
+    _append_kernel[(bsz, L)](ring_k, ring_g, head, count, win, k, g, L, R, H, G, N,
+                             *ring_k.stride(), *ring_g.stride(), *k.stride(), *g.stride(),
+                             BLOCK=1024, BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
+    return y
