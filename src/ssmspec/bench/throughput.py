@@ -2,16 +2,18 @@
 
 For every preset, batch B and context length T (the ``bench`` grid of conf/experiment/throughput_ar.yaml):
 
-- prefill: one model call over B synthetic prompts of T tokens that sets every SSM / conv state and KV
-  cache, and picks the first token from the last position's logits (a serving system computes the LM
-  head at the last position only; ``HybridLM.forward`` would build (B, T, V) fp32 logits). Timed eager
-  with CUDA events (one call is long; a graph adds nothing). tokens_per_s = B * T / time.
-- decode: one step of the autoregressive loop, as generate() runs it without drafts: strategy layout ->
-  model call on the B pending tokens (full LM head) -> greedy pick -> strategy commit and KV-cache
-  append -> the pick becomes the pending token. The caches start as if T tokens had been prefilled:
-  KV lengths are T (contents random: a step's time does not depend on the values), SSM / conv states
-  zero. On CUDA the step is captured once in a CUDA graph and replayed; each replay is a real step
-  (caches grow by one token). tokens_per_s = B / time.
+- prefill: the engine's prefill (``DecodeStep.prefill``, what generate() runs first): one model call over
+  B synthetic prompts of T tokens that sets every SSM / conv state and KV cache, and picks the first
+  token from the last position's logits (the LM head at the last position only). Timed eager with CUDA
+  events (one call is long; a graph adds nothing). tokens_per_s = B * T / time.
+- decode: one step of the engine (``ssmspec.engine.Engine``, the loop generate() runs) without drafts:
+  strategy layout -> model call on the B pending tokens (full LM head) -> greedy pick -> strategy commit
+  and KV-cache append -> token buffer append and flags. The caches start as if T tokens had been
+  prefilled: KV lengths are T (contents random: a step's time does not depend on the values), SSM / conv
+  states zero. On CUDA the engine captures its step once as a CUDA graph and replays it; each replay is a
+  real step (caches grow by one token). tokens_per_s = B / time.
+
+Every grid point is checked against the free memory before any model is built (``engine/memory.py``).
 
 Rows: model, params, strategy, phase, batch, context, tokens (per timed call), dtype, timing
 (cuda_graph | eager), samples_ms and its summary (ms_p50 ...), tokens_per_s (from the median), status
@@ -28,96 +30,53 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.inputs import synthetic_prompts, track
-from ssmspec.bench.timing import hbm_fraction, measure_hbm_bandwidth, summarize, time_cuda_graph, time_eager
-from ssmspec.engine.context import RunContext
-from ssmspec.models.kv_cache import KVCache
-from ssmspec.strategies import SpecConfig, StepInputs
-from ssmspec.verify.base import Verdict
+from ssmspec.bench.timing import hbm_fraction, measure_hbm_bandwidth, summarize, time_eager
+from ssmspec.engine import Engine
+from ssmspec.engine.memory import check_fits, plan_bytes
+from ssmspec.models.config import load_preset
+from ssmspec.strategies import SpecConfig
 
 log = logging.getLogger("ssmspec.bench.throughput")
 
 
-def _kv_caches(mcfg, batch: int, max_len: int, *, max_new: int, device, dtype) -> list[KVCache]:
-    return [KVCache(batch, mcfg.n_kv_heads, mcfg.attn_head_dim, max_len, rows=batch, max_new=max_new,
-                    device=device, dtype=dtype) for _ in mcfg.attention_layers]
-
-
-def prefill_fn(model, strategy, ids: torch.Tensor):
-    """A closure running one prefill of ``ids`` (B, T); returns the (B,) first tokens."""
-    mcfg = model.cfg
+def prefill_engine(model, strategy, ids: torch.Tensor) -> Engine:
+    """The engine whose ``step.prefill`` is timed: one model call over the B prompts of T tokens that sets
+    every SSM / conv state and KV cache and picks the first token (LM head at the last position only)."""
     bsz, T = ids.shape
-    strategy.allocate(mcfg, bsz, SpecConfig(), ids.device, model.dtype)
-    kv = _kv_caches(mcfg, bsz, T + 1, max_new=T, device=ids.device, dtype=model.dtype)
-    positions = torch.arange(T, device=ids.device)[None].expand(bsz, T)
-    step = StepInputs(input_ids=ids, positions=positions, prefill=True)
-    ctx = RunContext(strategy=strategy, kv=kv, step=step)
-    rows = torch.arange(bsz, device=ids.device)
-    cols = torch.arange(T, device=ids.device)[None].expand(bsz, T)
-    count = torch.full((bsz,), T, device=ids.device, dtype=torch.long)
-
-    @torch.no_grad()
-    def run() -> torch.Tensor:
-        for c in kv:
-            c.length.zero_()
-        h = model.embeddings(ids)  # (B, T, d)
-        for block in model.layers:
-            h = block(h, ctx)
-        for c in kv:
-            c.commit(rows, cols, count)
-        h = model.norm_f(h[:, -1:].to(model.norm_f.weight.dtype))  # last position only
-        return model.lm_head(h.to(model.lm_head.weight.dtype))[:, -1].float().argmax(-1)  # (B,)
-
-    return run
+    return Engine(model, batch=bsz, prefill_len=T, max_new_tokens=1, strategy=strategy, cuda_graph=False)
 
 
-def decode_fn(model, strategy, pending: torch.Tensor, context: int, steps: int):
-    """A closure running one autoregressive decode step on static buffers (graph-capturable); the caches
-    hold ``context`` tokens before the first step and have room for ``steps`` more."""
+def decode_engine(model, strategy, pending: torch.Tensor, context: int, steps: int, *, graph: bool):
+    """The engine of standard decoding at batch len(pending), started as if ``context`` tokens had been
+    prefilled, with room for ``steps`` more; and the fewest bytes one step must move (weights, SSM / conv
+    state read and written, the KV cache read once)."""
     mcfg = model.cfg
-    bsz, device = pending.shape[0], pending.device
-    strategy.allocate(mcfg, bsz, SpecConfig(), device, model.dtype)
-    max_len = context + steps
-    kv = _kv_caches(mcfg, bsz, max_len, max_new=1, device=device, dtype=model.dtype)
-    gen = torch.Generator(device=device).manual_seed(0)
-    for c in kv:
-        c.k.normal_(generator=gen)
-        c.v.normal_(generator=gen)
-        c.length.fill_(context)
-    pending = pending.clone()  # (B,) static: the token fed next
-    seq_len = torch.full((bsz,), context, device=device, dtype=torch.long)  # (B,) tokens in the state
-    rows = torch.arange(bsz, device=device)
-    cols = torch.zeros(bsz, 1, device=device, dtype=torch.long)  # the pending token's column
-    zeros = torch.zeros(bsz, device=device, dtype=torch.long)
-    ones = torch.ones(bsz, device=device, dtype=torch.long)
-    ctx = RunContext(strategy=strategy, kv=kv, step=None)
-
-    @torch.no_grad()
-    def run() -> None:
-        step = strategy.layout(pending, None, seq_len)
-        step.kv_bound = max_len  # host-known bound: no sync, fixed shapes across replays
-        ctx.step = step
-        logits = model(step.input_ids, ctx)  # (B, 1, V) fp32
-        nxt = logits[:, -1].argmax(-1)  # (B,) greedy
-        strategy.commit(Verdict(accepted=zeros, path=cols, bonus=nxt), step)
-        for c in kv:
-            c.commit(rows, cols, ones)
-        pending.copy_(nxt)
-        seq_len.add_(1)
-
+    bsz = pending.shape[0]
+    eng = Engine(model, batch=bsz, prefill_len=context, max_new_tokens=steps, strategy=strategy, cuda_graph=graph)
+    eng.start_synthetic(context, pending)
+    st = eng.strategy
     bytes_min = (sum(p.numel() * p.element_size() for p in model.parameters())
-                 + 2 * sum(t.numel() * t.element_size() for t in (strategy.ssm_state, strategy.conv_state))
-                 + sum(2 * bsz * mcfg.n_kv_heads * context * mcfg.attn_head_dim * c.k.element_size() for c in kv))
-    return run, bytes_min
+                 + 2 * sum(t.numel() * t.element_size() for t in (st.ssm_state, st.conv_state))
+                 + sum(2 * bsz * mcfg.n_kv_heads * context * mcfg.attn_head_dim * c.k.element_size()
+                       for c in eng.step.kv))
+    return eng, bytes_min
 
 
-def _timed(fn, *, graph: bool, warmup: int, iters: int, device: str) -> tuple[list[float], str]:
-    if graph:
-        try:
-            return time_cuda_graph(fn, warmup=warmup, iters=iters), "cuda_graph"
-        except RuntimeError as e:  # host sync or dynamic shape somewhere in the step: time it eager
-            log.warning("CUDA-graph capture failed (%s); timing eager", str(e).splitlines()[0])
-            torch.cuda.synchronize()
-    return time_eager(fn, warmup=warmup, iters=iters, device=device), "eager"
+def check_grid_fits(cfg: DictConfig, presets: list, grid: list, device: str) -> None:
+    """Refuse, before any model is built, a grid point whose weights + caches + activations cannot fit."""
+    dtype = C.resolve_dtype(str(cfg.dtype), device)
+    elt = torch.empty((), dtype=dtype).element_size()
+    strategy = C.build_strategy(cfg)
+    for preset in presets:
+        mcfg = C.model_config(cfg) if preset is None else load_preset(preset)
+        weights = mcfg.num_parameters() * elt
+        for phase, bsz, T in grid:
+            steps = 64
+            parts = {"weights": weights, **plan_bytes(mcfg, strategy, batch=bsz, spec=SpecConfig(),
+                                                      kv_capacity=T + steps + 1, prefill_len=T, dtype=dtype,
+                                                      prefill=phase == "prefill")}
+            check_fits(parts, device, what=f"{mcfg.name} {phase} at batch {bsz}, context {T}",
+                       fix="lower bench.batch or bench.context")
 
 
 def _grid(b: DictConfig) -> list[tuple[str, int, int]]:
@@ -146,6 +105,7 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
     if strategy.speculative:
         raise ValueError(f"throughput_ar times standard decoding; strategy {strategy.name!r} speculates. Use "
                          f"strategy=autoregressive (or a strategy with speculative=False)")
+    check_grid_fits(cfg, presets, grid, device)
     points = [(p, *g) for p in presets for g in grid]
     model, current = None, object()
     for preset, phase, bsz, T in track(points, desc="throughput", total=len(points)):
@@ -168,15 +128,19 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
             if phase == "prefill":
                 ids = synthetic_prompts(bsz, T, mcfg.vocab_size, seed=int(cfg.data.get("seed", 0)),
                                         min_token_id=int(cfg.data.get("min_token_id", 3)), device=device)
-                samples = time_eager(prefill_fn(model, strategy, ids), warmup=pre_warmup, iters=pre_iters,
+                eng = prefill_engine(model, strategy, ids)
+                valid = torch.ones_like(ids, dtype=torch.bool)
+                samples = time_eager(lambda: eng.step.prefill(ids, valid), warmup=pre_warmup, iters=pre_iters,
                                      device=device)
+                del eng
                 timing, extra = "eager", {}
             else:
                 pending = synthetic_prompts(bsz, 1, mcfg.vocab_size, seed=int(cfg.data.get("seed", 0)),
                                             device=device)[:, 0]
-                fn, bytes_min = decode_fn(model, strategy, pending, T, steps=warmup + iters + 8)
-                samples, timing = _timed(fn, graph=graph, warmup=warmup, iters=iters, device=device)
-                del fn  # the step's caches
+                eng, bytes_min = decode_engine(model, strategy, pending, T, steps=warmup + iters + 8, graph=graph)
+                samples = eng.time_steps(warmup=warmup, iters=iters)
+                timing = "cuda_graph" if eng.graphed else "eager"
+                del eng  # the step's caches and graphs
                 extra = {"cache_fill": "random", "bytes_min": bytes_min}
         except torch.OutOfMemoryError as e:
             log.warning("out of memory: %s %s B=%d T=%d (%s)", mcfg.name, phase, bsz, T, str(e)[:400])

@@ -36,9 +36,9 @@ def strategy_bytes(strategy: StrategyBase, cfg: ModelConfig, batch: int, spec: S
 
 
 def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: SpecConfig, kv_capacity: int,
-               prefill_len: int, dtype, prefill_logits: str = "last") -> dict[str, int]:
-    """Bytes of every part of a run, before allocation. ``prefill_logits``: "last" (the engine computes the
-    LM head at the last prompt position only) or "all"."""
+               prefill_len: int, dtype, prefill: bool = True) -> dict[str, int]:
+    """Bytes of every part of a run, before allocation. ``prefill``: whether the run prefills its prompts
+    (the prompt pass's activations; the engine computes the LM head at the last position only)."""
     elt = torch.empty((), dtype=dtype).element_size()
     rows = strategy.max_rows(batch, spec)
     call_len = max(prefill_len, strategy.max_call_len(spec))
@@ -49,11 +49,11 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
     width = max(cfg.in_proj_dim if cfg.mamba_layers else 0, cfg.d_ff or 0, 3 * cfg.d_model,
                 cfg.n_heads * cfg.attn_head_dim if n_attn else 0)
     decode_tok = rows * strategy.max_call_len(spec)
-    prefill_tok = batch * prefill_len
-    logits_tok = max(decode_tok, batch if prefill_logits == "last" else prefill_tok)
+    prefill_tok = batch * prefill_len if prefill else 0
+    logits_tok = max(decode_tok, batch)
     # fp32 logits (plus the verifier's probabilities) and ~4 live temporaries of the widest layer, in fp32
     act = 2 * 4 * cfg.vocab_size * logits_tok + 4 * 4 * width * max(decode_tok, prefill_tok)
-    if cfg.mamba_layers:  # the prefill chunk scan's per-chunk states (fp32)
+    if cfg.mamba_layers and prefill:  # the prefill chunk scan's per-chunk states (fp32)
         chunks = -(-prefill_len // max(cfg.chunk_size, 1))
         act += 2 * 4 * batch * chunks * cfg.ssm_heads * cfg.head_dim * cfg.state_size
     return {"state": state, "kv_cache": kv, "tokens": tokens, "activations": act}

@@ -116,12 +116,15 @@ class DecodeStep:
         pads = (~valid).sum(1)  # (B,)
         positions = (torch.arange(T, device=dev)[None] - pads[:, None]).clamp(min=0)
         self.ctx.step = StepInputs(input_ids=ids, positions=positions, valid=valid, prefill=True)
-        logits = self.model(ids, self.ctx)
+        for c in self.kv:
+            c.length.zero_()
+        h = self.model.hidden(ids, self.ctx)[:, -1:]  # (B, 1, d): the LM head at the last position only
+        logits = self.model.lm_head(h.to(self.model.lm_head.weight.dtype)).float()  # (B, 1, V)
         for c in self.kv:
             c.start.copy_(pads)
             c.commit(torch.arange(bsz, device=dev), torch.arange(T, device=dev)[None].expand(bsz, T),
                      torch.full((bsz,), T, device=dev, dtype=torch.long))
-        first = self.verifier.verify(logits[:, -1:], None, self.generator).bonus  # (B,)
+        first = self.verifier.verify(logits, None, self.generator).bonus  # (B,)
         # token rows hold each prompt from column 0 (no padding), then the first token
         n = valid.sum(1)
         col = torch.arange(T, device=dev)[None]
