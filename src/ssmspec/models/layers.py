@@ -3,6 +3,7 @@ checkpoints load by renaming prefixes only (``loading.py``)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -11,19 +12,28 @@ from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.kv_cache import KVCache
+from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
+
+if TYPE_CHECKING:
+    from ssmspec.strategies.base import MambaParams
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm with the residual add fused in (``add``): one launch per block boundary on CUDA."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * h).to(dtype)
+        """x (..., d) -> (..., d) in the weight dtype."""
+        return add_rms_norm(x, None, self.weight, eps=self.eps)[0]
+
+    def add(self, x: Tensor, residual: Tensor | None, *, residual_in_fp32: bool) -> tuple[Tensor, Tensor]:
+        """Pre-norm step: x (..., d) a block's output (the embeddings first), residual (..., d) or None ->
+        (RMSNorm(residual + x) in the weight dtype, residual + x in fp32 when residual_in_fp32)."""
+        return add_rms_norm(x, residual, self.weight, eps=self.eps, residual_in_fp32=residual_in_fp32)
 
 
 class GatedRMSNorm(nn.Module):
@@ -36,11 +46,16 @@ class GatedRMSNorm(nn.Module):
         self.group_size, self.eps = group_size, eps
 
     def forward(self, y: Tensor, z: Tensor) -> Tensor:
-        dtype = y.dtype
-        h = y.float() * F.silu(z.float())
-        g = h.view(*h.shape[:-1], -1, self.group_size)  # (..., groups, group_size)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * g.view_as(h).to(dtype)
+        """y, z (..., d) -> (..., d) in the model dtype (one launch on CUDA)."""
+        return gated_rms_norm(y, z, self.weight, group_size=self.group_size, eps=self.eps)
+
+
+def _weight_key(t: Tensor | None) -> tuple | None:
+    """Identity of a weight's current values without a device sync: storage, dtype and the in-place
+    version counter (``.to()`` and ``load_state_dict(assign=True)`` change the storage, ``copy_`` the version)."""
+    if t is None:
+        return None
+    return t.data_ptr(), t.dtype, t.device, -1 if torch.is_inference(t) else t._version
 
 
 class Mamba2Mixer(nn.Module):
@@ -58,15 +73,33 @@ class Mamba2Mixer(nn.Module):
         self.D = nn.Parameter(torch.ones(H))
         self.norm = GatedRMSNorm(I, I // cfg.n_groups, cfg.norm_eps)
         self.out_proj = nn.Linear(I, cfg.d_model, bias=cfg.proj_bias)
+        self._params: MambaParams | None = None  # built by prepare() on first use
+        self._params_key: tuple | None = None
 
-    def params(self):
+    def _weights(self) -> tuple[Tensor | None, ...]:
+        return self.conv1d.weight, self.conv1d.bias, self.dt_bias, self.A_log, self.D
+
+    def prepare(self) -> MambaParams:
+        """Build the constants a step needs (A = -exp(A_log) in fp32, the conv weight as (conv_dim, W))
+        once; ``params`` rebuilds them when a weight changed (loading, ``.to()``, an in-place copy).
+        An inference cache: A carries no autograd graph."""
         from ssmspec.strategies.base import MambaParams
 
         c = self.cfg
-        return MambaParams(index=self.index, conv_weight=self.conv1d.weight[:, 0, :], conv_bias=self.conv1d.bias,
-                           dt_bias=self.dt_bias, A=-torch.exp(self.A_log.float()), D=self.D,
-                           dt_limit=(c.dt_min_limit, c.dt_max_limit), heads=c.ssm_heads, head_dim=c.head_dim,
-                           groups=c.n_groups, state_size=c.state_size, activation=c.mamba_activation)
+        with torch.no_grad():
+            A = -torch.exp(self.A_log.float())  # (H,)
+        self._params = MambaParams(index=self.index, conv_weight=self.conv1d.weight[:, 0, :], conv_bias=self.conv1d.bias,
+                                   dt_bias=self.dt_bias, A=A, D=self.D, dt_limit=(c.dt_min_limit, c.dt_max_limit),
+                                   heads=c.ssm_heads, head_dim=c.head_dim, groups=c.n_groups,
+                                   state_size=c.state_size, activation=c.mamba_activation)
+        self._params_key = tuple(_weight_key(t) for t in self._weights())
+        return self._params
+
+    def params(self) -> MambaParams:
+        """The prepared ``MambaParams``: host-side checks only (no launch) unless a weight changed."""
+        if self._params is None or self._params_key != tuple(_weight_key(t) for t in self._weights()):
+            return self.prepare()
+        return self._params
 
     def forward(self, h: Tensor, ctx) -> Tensor:
         from ssmspec.strategies.base import MixerInputs

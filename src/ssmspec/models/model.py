@@ -30,10 +30,12 @@ class Block(nn.Module):
         else:
             self.mixer = MoE(cfg)
 
-    def forward(self, h: Tensor, ctx) -> Tensor:
-        residual = h.float() if self.residual_in_fp32 else h
-        out = self.mixer(self.norm(h.to(self.norm.weight.dtype)), ctx)
-        return residual + out
+    def forward(self, x: Tensor, residual: Tensor | None, ctx) -> tuple[Tensor, Tensor]:
+        """x (B', L, d) the previous block's output (the embeddings for the first block), residual
+        (B', L, d) the stream before it (None for the first) -> (this block's output, residual + x).
+        The add is fused into the norm (mamba_ssm's prenorm form), one launch per block boundary."""
+        h, residual = self.norm.add(x, residual, residual_in_fp32=self.residual_in_fp32)
+        return self.mixer(h, ctx), residual
 
 
 class HybridLM(nn.Module):
@@ -62,12 +64,24 @@ class HybridLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embeddings.weight.dtype
 
+    def prepare(self) -> "HybridLM":
+        """Build every mixer's per-step constants now (e.g. before a CUDA-graph capture); they are rebuilt
+        on their own when weights change, so calling this is never required for correctness."""
+        for block in self.layers:
+            if hasattr(block.mixer, "prepare"):
+                block.mixer.prepare()
+        return self
+
+    def hidden(self, input_ids: Tensor, ctx) -> Tensor:
+        """input_ids (B', L) -> final-normed hidden states (B', L, d) in the model dtype."""
+        x, residual = self.embeddings(input_ids), None
+        for block in self.layers:
+            x, residual = block(x, residual, ctx)
+        return self.norm_f.add(x, residual, residual_in_fp32=self.cfg.residual_in_fp32)[0]
+
     def forward(self, input_ids: Tensor, ctx) -> Tensor:
         """input_ids (B', L) -> logits (B', L, V) in fp32; ``ctx`` carries strategy, KV caches and step."""
-        h = self.embeddings(input_ids)
-        for block in self.layers:
-            h = block(h, ctx)
-        h = self.norm_f(h.to(self.norm_f.weight.dtype))
+        h = self.hidden(input_ids, ctx)
         return self.lm_head(h.to(self.lm_head.weight.dtype)).float()
 
     @torch.no_grad()

@@ -22,5 +22,5 @@ class Autoregressive(StrategyBase):
         ys = [selective_state_update(ssm_state, x[:, t], inp.dt[:, t], p.A, B[:, t], C[:, t], p.D,
                                      dt_bias=p.dt_bias, dt_softplus=True, dt_limit=p.dt_limit)
               for t in range(x.shape[1])]
-        y = torch.stack(ys, dim=1)  # (B, L, H, P)
+        y = ys[0].unsqueeze(1) if len(ys) == 1 else torch.stack(ys, dim=1)  # (B, L, H, P); L = 1: a view, no copy
         return y.reshape(*y.shape[:2], -1)
