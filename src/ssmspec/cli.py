@@ -3,7 +3,8 @@
     run [-m] [--save-reference] [overrides]   run an experiment (Hydra: experiment=<id> key=value ...)
     plot <id> [--profile P] [--from DIR] [--out PNG]   draw an experiment's figure from results only
     figures                                   draw every figure that has reference results
-    reproduce [--profile cpu|gpu] [--only ID,...]  run every experiment of the profile, then draw all figures
+    reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines]  run every experiment of the
+                                              profile, draw all figures, end with a summary (ssmspec/summary.py)
     list                                      the registered experiments with titles and profiles
 
 A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
@@ -228,7 +229,7 @@ def cmd_figures() -> int:
 
 
 # reproduce / list ----------------------------------------------------------------------------------
-def cmd_reproduce(profile: str | None, only: str | None) -> int:
+def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines: bool = False) -> int:
     from ssmspec.config import resolve_profile
     from ssmspec.registry import experiments
 
@@ -243,6 +244,11 @@ def cmd_reproduce(profile: str | None, only: str | None) -> int:
             exps = [e for e in exps if e.id in wanted]
     except ValueError as e:
         return _error(str(e))
+    from ssmspec.summary import preflight, reproduce_report
+
+    missing = preflight(profile, allow_missing=allow_missing_baselines)  # before an hour of GPU runs, not after
+    if missing:
+        return _error(missing)
     print(f"reproduce: profile {profile}, {len(exps)} experiment(s): {', '.join(e.id for e in exps) or '-'}")
     failed = []
     for exp in exps:
@@ -253,9 +259,12 @@ def cmd_reproduce(profile: str | None, only: str | None) -> int:
             failed.append(exp.id)
     print("\n=== figures", flush=True)
     status = cmd_figures()
+    summary, baseline_error = reproduce_report([e.id for e in exps], profile, failed,
+                                               allow_missing=allow_missing_baselines)
+    print("\n" + summary, flush=True)
     if failed:
         return _error(f"{len(failed)} experiment(s) failed: {', '.join(failed)} (their older results, if any, are kept)")
-    return status
+    return _error(baseline_error) if baseline_error else status
 
 
 def cmd_list() -> int:
@@ -293,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("reproduce", help="run every experiment of the profile, then draw every figure")
     r.add_argument("--profile", choices=["cpu", "gpu", "auto"])
     r.add_argument("--only", help="comma-separated experiment ids")
+    r.add_argument("--allow-missing-baselines", action="store_true",
+                   help="on the GPU, run and exit 0 even where mamba_ssm / fla do not import (rows say skipped)")
     sub.add_parser("list", help="registered experiments")
     args = parser.parse_args(argv)
     if args.cmd == "plot":
@@ -300,5 +311,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "figures":
         return cmd_figures()
     if args.cmd == "reproduce":
-        return cmd_reproduce(args.profile, args.only)
+        return cmd_reproduce(args.profile, args.only, args.allow_missing_baselines)
     return cmd_list()
