@@ -167,6 +167,9 @@ def cmd_run(argv: list[str]) -> int:
         main()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if hasattr(e, "message"):  # the gpu_queue launcher: failed jobs (1) or bad launcher settings (2)
+            print(f"error: {e.message}", file=sys.stderr)
+            return code
         if code and not _STATE.job_started:
             return EXIT_USER  # Hydra rejected the overrides and printed why
         return code

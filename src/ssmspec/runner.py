@@ -147,6 +147,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
     if cfg.device == "cpu" and threads:
         torch.set_num_threads(int(threads))
     env = collect_env(device=cfg.device, weights=weights)
+    # which GPU(s) a launcher gave this process (None: not set, every GPU visible)
+    env["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     run_id = f"{env['time'].replace(':', '').replace('+0000', 'Z')}-{uuid.uuid4().hex[:6]}"
     added = {"experiment": exp.id, "run_id": run_id, "profile": cfg.profile, "device": env["device"],
              "device_name": env["device_name"]}

@@ -1,0 +1,146 @@
+"""A queue of shell-free commands spread over devices: one subprocess per slot, as many at once as slots.
+
+A slot is a tuple of device ids (``gpus_per_job`` of them); a job's child gets
+``CUDA_VISIBLE_DEVICES=<its slot>`` in its environment, so the variable is set before the child imports
+torch and CUDA only ever sees its own GPUs. An empty slot ``()`` is a CPU slot (the child gets
+``CUDA_VISIBLE_DEVICES=""``). A failing job frees its slot and the queue goes on; the caller reads the
+outcomes at the end. Used by the ``gpu_queue`` Hydra launcher and by ``ssmspec reproduce --jobs``.
+
+Kept free of torch and Hydra imports: Hydra imports every module of ``hydra_plugins`` when it scans for
+plugins, on every command.
+"""
+
+import dataclasses
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2  # how often finished children are looked for; jobs last seconds to hours
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    name: str  # shown in progress lines and the summary (e.g. "#3 bench.batch=[1]")
+    argv: tuple[str, ...]  # the child's command line
+    log: Path | None = None  # stdout + stderr go here; None: the parent's terminal
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # added to the parent's environment
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    job: Job
+    devices: tuple[str, ...]  # the child's CUDA_VISIBLE_DEVICES ((): CPU)
+    returncode: int
+    started: float  # time.time() at start
+    wall_s: float  # the child's wall time
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def last_error(self) -> str:
+        """The last ``error:`` line of the job's log (or its last line), for the failure summary."""
+        if self.job.log is None or not self.job.log.is_file():
+            return ""
+        lines = [ln.strip() for ln in self.job.log.read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.startswith("error:")]
+        return (errors or lines or [""])[-1]
+
+
+def visible_devices(devices: Sequence[str]) -> str:
+    return ",".join(str(d) for d in devices)
+
+
+def detect_devices() -> list[str]:
+    """GPU ids of this machine: ``$CUDA_VISIBLE_DEVICES`` when set, else one id per GPU torch counts."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch  # imported only here: a launcher given its devices never loads torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def make_slots(devices: Sequence[str], *, gpus_per_job: int = 1, cpu_jobs: int = 1) -> list[tuple[str, ...]]:
+    """Split ``devices`` into slots of ``gpus_per_job`` ids (leftover ids stay idle); no devices:
+    ``cpu_jobs`` CPU slots. Raises ValueError naming the fix on impossible settings."""
+    if gpus_per_job < 1:
+        raise ValueError(f"gpus_per_job must be >= 1, got {gpus_per_job}")
+    if cpu_jobs < 1:
+        raise ValueError(f"cpu_jobs must be >= 1, got {cpu_jobs}")
+    devices = [str(d) for d in devices]
+    if len(set(devices)) != len(devices):
+        raise ValueError(f"devices lists a GPU twice: {devices}")
+    if not devices:
+        return [()] * cpu_jobs
+    if gpus_per_job > len(devices):
+        raise ValueError(f"gpus_per_job={gpus_per_job} but only {len(devices)} device(s) {devices}; lower "
+                         f"gpus_per_job or list more devices")
+    n = len(devices) // gpus_per_job
+    return [tuple(devices[i * gpus_per_job:(i + 1) * gpus_per_job]) for i in range(n)]
+
+
+def _start(job: Job, devices: tuple[str, ...]) -> subprocess.Popen:
+    env = {**os.environ, **job.env, "CUDA_VISIBLE_DEVICES": visible_devices(devices)}
+    if job.log is None:
+        return subprocess.Popen(list(job.argv), env=env)
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    with job.log.open("w") as f:  # the child keeps its own descriptor; ours closes at once
+        return subprocess.Popen(list(job.argv), env=env, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
+
+
+def run_queue(jobs: Sequence[Job], slots: Sequence[tuple[str, ...]], *,
+              on_start: Callable[[Job, tuple[str, ...]], None] | None = None,
+              on_end: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Run ``jobs`` in order over ``slots``, at most one job per slot at a time; returns one outcome per
+    job, in the order of ``jobs``. Ctrl-C terminates the running children and re-raises."""
+    if not slots:
+        raise ValueError("no slot to run jobs on")
+    pending = list(enumerate(jobs))
+    free = list(slots)
+    running: dict[int, tuple[subprocess.Popen, tuple[str, ...], float, float]] = {}
+    outcomes: dict[int, Outcome] = {}
+    try:
+        while pending or running:
+            while pending and free:
+                i, job = pending.pop(0)
+                devices = free.pop(0)
+                if on_start:
+                    on_start(job, devices)
+                running[i] = (_start(job, devices), devices, time.time(), time.perf_counter())
+            for i, (proc, devices, started, t0) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[i]
+                free.append(devices)
+                out = Outcome(jobs[i], devices, proc.returncode, started, time.perf_counter() - t0)
+                outcomes[i] = out
+                if on_end:
+                    on_end(out)
+            if running:
+                time.sleep(POLL_S)
+    except BaseException:
+        for proc, *_ in running.values():
+            proc.terminate()
+        for proc, *_ in running.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+    return [outcomes[i] for i in range(len(jobs))]
+
+
+def summary(outcomes: Sequence[Outcome], wall_s: float, slots: int) -> str:
+    """One line comparing the sweep's wall time with the sum of its jobs' times (the gain of running
+    ``slots`` jobs at once)."""
+    total = sum(o.wall_s for o in outcomes)
+    failed = sum(not o.ok for o in outcomes)
+    gain = f"{total / wall_s:.2f}x" if wall_s > 0 else "n/a"
+    return (f"{len(outcomes)} job(s), {len(outcomes) - failed} ok, {failed} failed, on {slots} slot(s): "
+            f"wall time {wall_s:.1f} s, sum of job times {total:.1f} s ({gain} from running jobs at once)")

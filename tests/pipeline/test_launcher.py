@@ -1,0 +1,165 @@
+"""Sweeps over GPUs: the gpu_queue Hydra launcher (fake device lists on CPU), its queue, the Slurm config
+through hydra-submitit-launcher, and plugin discovery from the source tree."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from pipeline_helpers import TINY
+
+from hydra_plugins.ssmspec_launcher.gpu_queue import Job, make_slots, run_queue
+from ssmspec import config as C
+from ssmspec import paths
+from ssmspec.runner import RESULT_FILES
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ONE_JOB = [*TINY, "bench.batch=[1]", "bench.phases=[decode]"]
+# a probe child: writes its CUDA_VISIBLE_DEVICES and start/end times, sleeps, exits with the given status
+PROBE = ("import json, os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); "
+         "open(sys.argv[1], 'w').write(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], t, time.time()])); "
+         "print('error: probe says no' if sys.argv[3] != '0' else 'fine'); sys.exit(int(sys.argv[3]))")
+
+
+@pytest.mark.parametrize(("devices", "per_job", "slots"), [
+    pytest.param(["0", "1", "2", "3"], 1, [("0",), ("1",), ("2",), ("3",)], id="one-each"),
+    pytest.param(["0", "1", "2"], 2, [("0", "1")], id="two-each-leftover-idle"),
+    pytest.param([], 1, [(), ()], id="cpu"),
+])
+def test_slots(devices, per_job, slots):
+    assert make_slots(devices, gpus_per_job=per_job, cpu_jobs=2) == slots
+
+
+@pytest.mark.parametrize(("devices", "per_job", "message"), [
+    (["0"], 2, "gpus_per_job=2 but only 1 device"),
+    (["0", "0"], 1, "lists a GPU twice"),
+    (["0"], 0, "gpus_per_job must be >= 1"),
+])
+def test_slots_refuse_impossible_settings(devices, per_job, message):
+    with pytest.raises(ValueError, match=message):
+        make_slots(devices, gpus_per_job=per_job)
+
+
+def test_queue_runs_one_job_per_slot_at_once_and_keeps_going(tmp_path):
+    jobs = [Job(name=f"j{i}", argv=(sys.executable, "-c", PROBE, str(tmp_path / f"{i}.json"), "0.6",
+                                    "3" if i == 1 else "0"), log=tmp_path / "logs" / f"{i}.log")
+            for i in range(4)]
+    t0 = time.perf_counter()
+    outcomes = run_queue(jobs, [("gpuA",), ("gpuB",)])
+    wall = time.perf_counter() - t0
+    assert [o.returncode for o in outcomes] == [0, 3, 0, 0]  # job 1 failed, 2 and 3 still ran
+    assert outcomes[1].last_error() == "error: probe says no" and outcomes[0].ok and not outcomes[1].ok
+    seen = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    assert {s[0] for s in seen} == {"gpuA", "gpuB"}
+    assert [s[0] for s in seen] == [o.devices[0] for o in outcomes]
+    # two at once, never two on one device: jobs on the same device do not overlap in time
+    for a in range(4):
+        for b in range(a + 1, 4):
+            if seen[a][0] == seen[b][0]:
+                assert seen[a][2] <= seen[b][1] or seen[b][2] <= seen[a][1]
+    assert seen[0][1] < seen[1][2] and seen[1][1] < seen[0][2]  # the first two overlapped
+    assert wall < sum(o.wall_s for o in outcomes)
+
+
+def test_gpu_queue_sweep_spreads_jobs_over_fake_gpus(cli, tmp_path):
+    out = tmp_path / "sweep"
+    status, stdout, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[fake0,fake1]",
+                              *ONE_JOB, "bench.batch=[1],[2],[0]", f"results_dir={out}")
+    assert status == 1, err
+    assert err.strip().splitlines()[-1].startswith("error: 1 of 3 job(s) failed (#2)") and "Traceback" not in err
+    jobs = sorted(p for p in out.iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert [j.name[:2] for j in jobs] == ["0_", "1_"]  # the failed job #2 left no directory
+    seen = []
+    for job in jobs:
+        assert sorted(p.name for p in job.iterdir()) == sorted(RESULT_FILES)
+        seen.append(json.loads((job / "env.json").read_text())["cuda_visible_devices"])
+    assert sorted(seen) == ["fake0", "fake1"]  # both ran at once, one per device
+    rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    assert sorted(r["status"] for r in rows) == ["failed", "ok", "ok"]
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert failed["returncode"] == 2 and not Path(failed["dir"]).exists()
+    assert "positive sizes" in Path(failed["log"]).read_text()
+    assert all(r["wall_s"] > 0 and r["devices"] in ("fake0", "fake1") for r in rows)
+    assert "sum of job times" in stdout
+    assert not [p for p in out.rglob("*") if ".partial-" in p.name]
+
+
+def test_gpu_queue_devices_from_environment(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("SSMSPEC_DEVICES", "gpuX")
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", *ONE_JOB, f"results_dir={out}")
+    assert status == 0, err
+    (job,) = [p for p in out.iterdir() if p.name.startswith("0_")]
+    env = json.loads((job / "env.json").read_text())
+    assert env["cuda_visible_devices"] == "gpuX" and env["device"] == "cpu"
+
+
+def test_gpu_queue_refuses_bad_settings_before_any_directory(cli, tmp_path):
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[a,b]",
+                         "hydra.launcher.gpus_per_job=3", *ONE_JOB, f"results_dir={out}")
+    assert status == 2
+    assert err.strip() == "error: hydra.launcher: gpus_per_job=3 but only 2 device(s) ['a', 'b']; lower " \
+                          "gpus_per_job or list more devices"
+    assert not out.exists()
+
+
+def test_plugin_is_found_from_the_source_tree(tmp_path):
+    """The device machine puts src/ on PYTHONPATH without installing: hydra_plugins must stay a namespace
+    package (no __init__.py) so Hydra finds this launcher beside the installed ones."""
+    assert not (SRC / "hydra_plugins" / "__init__.py").exists()
+    code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
+            "print(sorted(p.__name__ for p in Plugins.instance().discover(Launcher)))")
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "GpuQueueLauncher" in proc.stdout
+
+
+def test_slurm_config_composes():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    C.register_configs()
+    with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=throughput_ar", "hydra/launcher=slurm",
+                                           "hydra.launcher.partition=gpu"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
+    assert launcher.timeout_min == 120 and "array_parallelism" in launcher
+
+
+def test_sweep_through_submitit_local_executor(cli, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10",
+                         *ONE_JOB, f"results_dir={out}")
+    assert status == 0, err
+    (job,) = [p for p in out.iterdir() if p.name.startswith("0_")]
+    assert sorted(p.name for p in job.iterdir()) == sorted(RESULT_FILES)
+    assert yaml.safe_load((job / "config.yaml").read_text())["bench"]["batch"] == [1]
+    assert (out / ".submitit").is_dir()  # submitit pickled the job and ran it in its own process
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not C.cuda_available(), reason="needs CUDA")
+def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[0]",
+                         "experiment=kernel_parity", "profile=gpu", "bench.presets=[mamba2-130m]",
+                         "bench.batch=[1],[16]", "bench.sweep_batch=[]", "bench.sweep=[]", f"results_dir={out}")
+    assert status == 0, err
+    jobs = sorted(p for p in out.iterdir() if p.is_dir() and p.name[0].isdigit())
+    assert len(jobs) == 2
+    for job in jobs:
+        env = json.loads((job / "env.json").read_text())
+        assert env["device"] == "cuda" and env["cuda_visible_devices"] == "0" and env["device_count"] == 1
+        assert (job / "results.jsonl").read_text().strip()
+    rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
+    starts = sorted(r["started"] for r in rows)
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows) and starts[0] <= starts[1]
