@@ -1,0 +1,146 @@
+"""The engine (engine/step.py, engine/engine.py): the token buffer and reports say what generate() returns,
+runs that cannot fit are refused before allocation, and -- on a GPU -- the captured step equals the eager
+loop token for token for every strategy with chain and tree drafters, without a host sync inside a step."""
+import pytest
+import torch
+
+from ssmspec.drafting.oracle import Oracle
+from ssmspec.drafting.png import PromptNgram
+from ssmspec.engine import Engine, generate
+from ssmspec.engine.memory import plan_bytes, strategy_bytes
+from ssmspec.models import build_model, load_preset
+from ssmspec.strategies import SpecConfig, make_strategy, strategy_names
+
+CUDA = torch.cuda.is_available()
+PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15], [42, 7]]
+TREE = [0, 0, 1, 1, 2, 3, 5, 0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_token_buffer_holds_prompts_then_outputs_and_reports_match():
+    model = build_model(load_preset("tiny-hybrid"), seed=0)
+    out = generate(model, PROMPTS, max_new_tokens=6, drafter=PromptNgram(ngram=2, num_drafts=1, draft_len=3),
+                   strategy="replay")
+    eng = Engine(model, batch=3, prefill_len=7, max_new_tokens=6, strategy="replay",
+                 drafter=PromptNgram(ngram=2, num_drafts=1, draft_len=3))
+    from ssmspec.engine.generate import _pad_left
+
+    ids, valid = _pad_left(PROMPTS, 0, "cpu")
+    got = [list(t) for t in eng.prefill(ids, valid, PROMPTS).tokens]
+    while not all(eng.step.done.tolist()):
+        eng.launch()
+        for rep, _ in eng.collect(keep=0):
+            for b, toks in enumerate(rep.tokens):
+                got[b].extend(toks)
+    buf = eng.step.buf
+    rows = [r[:n] for r, n in zip(buf.tokens.tolist(), buf.length.tolist())]
+    assert rows == [p + s for p, s in zip(PROMPTS, out.sequences)]
+    assert got == out.sequences and all(len(s) == 6 for s in got)
+    assert out.drafter_on_device and not out.cuda_graph
+
+
+def test_eos_stops_a_sequence_inside_a_window_and_finished_rows_emit_nothing():
+    model = build_model(load_preset("tiny-mamba2"), seed=1, dtype=torch.float64)
+    ref = generate(model, PROMPTS, max_new_tokens=12).sequences
+    eos = ref[1][4]  # a token the second sequence emits at its fifth position
+    d = Oracle(p=1.0, draft_len=4, reference=ref, vocab_size=model.cfg.vocab_size)
+    out = generate(model, PROMPTS, max_new_tokens=12, drafter=d, strategy="snapshot", eos_token_id=eos)
+    for r, s in zip(ref, out.sequences):
+        cut = r.index(eos) + 1 if eos in r else len(r)
+        assert s == r[:cut]
+    assert out.steps[-1].emitted[1] == 0  # the second sequence finished earlier
+
+
+def test_runs_that_cannot_fit_are_refused_before_anything_is_allocated():
+    model = build_model(load_preset("tiny-hybrid"), seed=0)
+    strat = make_strategy("snapshot")
+    with pytest.raises(ValueError, match=r"needs [\d.]+ [KMGT]iB \(.*state.*kv_cache.*\) but only [\d.]+ [KMGT]iB "
+                                         r"are free on cpu.*lower the batch"):
+        Engine(model, batch=10_000_000, prefill_len=64, max_new_tokens=64, strategy=strat,
+               drafter=PromptNgram(ngram=2, num_drafts=1, draft_len=3))
+    assert strat.conv_state is None  # nothing was allocated
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_planned_state_bytes_equal_what_the_strategy_allocates(name):
+    cfg = load_preset("tiny-hybrid")
+    spec = SpecConfig() if not make_strategy(name).speculative else SpecConfig(draft_len=3, buffer_size=8)
+    want = strategy_bytes(make_strategy(name), cfg, 3, spec, torch.float32)
+    s = make_strategy(name)
+    s.allocate(cfg, 3, spec, "cpu", torch.float32)
+    assert want == s.cache_bytes() > 0
+    parts = plan_bytes(cfg, make_strategy(name), batch=3, spec=spec, kv_capacity=40, prefill_len=8,
+                       dtype=torch.float32)
+    assert parts["state"] == want and parts["kv_cache"] > 0
+
+
+# GPU: the captured step is the eager step --------------------------------------------------------
+def _cases():
+    out = []
+    for name in strategy_names():
+        s = make_strategy(name)
+        if not s.speculative:
+            out.append(pytest.param(name, "none", id=f"{name}-none"))
+            continue
+        out.append(pytest.param(name, "oracle-S3", id=f"{name}-oracle-S3"))
+        out.append(pytest.param(name, "png-2xS3", id=f"{name}-png-2xS3"))
+        if s.supports_trees:
+            out.append(pytest.param(name, "oracle-tree", id=f"{name}-oracle-tree"))
+    return out
+
+
+def _drafter(kind: str, ref, vocab: int):
+    if kind == "none":
+        return None
+    if kind == "png-2xS3":
+        return PromptNgram(ngram=2, num_drafts=2, draft_len=3)
+    if kind == "oracle-tree":
+        return Oracle(p=0.6, tree=TREE, reference=ref, vocab_size=vocab, seed=5)
+    return Oracle(p=0.6, draft_len=3, reference=ref, vocab_size=vocab, seed=5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "mamba2-130m"])
+@pytest.mark.parametrize("name,kind", _cases())
+def test_captured_step_equals_the_eager_loop(preset, name, kind):
+    model = build_model(load_preset(preset), seed=0, device="cuda", dtype=torch.float32)
+    prompts = [[(7 * b + 3 * i) % 200 + 3 for i in range(5 + 4 * b)] for b in range(4)]
+    ref = generate(model, prompts, max_new_tokens=24, cuda_graph=False).sequences
+    runs = []
+    for graph in (False, True):
+        d = _drafter(kind, ref, model.cfg.vocab_size)
+        runs.append(generate(model, prompts, max_new_tokens=24, strategy=name, drafter=d, cuda_graph=graph))
+    eager, graphed = runs
+    assert graphed.cuda_graph and not eager.cuda_graph
+    assert graphed.sequences == eager.sequences
+    assert graphed.accepted_histogram() == eager.accepted_histogram()
+    if kind != "png-2xS3":  # fp32 on the GPU: the oracle's drafts keep the greedy path of the reference
+        assert graphed.sequences == ref
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_replayed_steps_do_not_synchronise_the_host():
+    model = build_model(load_preset("tiny-hybrid"), seed=0, device="cuda", dtype=torch.bfloat16)
+    eng = Engine(model, batch=2, prefill_len=8, max_new_tokens=40, strategy="replay",
+                 drafter=PromptNgram(ngram=2, num_drafts=1, draft_len=3))
+    ids = torch.randint(3, 200, (2, 8), device="cuda")
+    eng.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+    eng.launch()  # eager + capture
+    eng.collect(keep=0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            eng.launch()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(eng.collect(keep=0)) == 5
