@@ -9,7 +9,8 @@ last call (no per-node states). One decode call:
    conv state (``conv_state_advance``);
 2. the packed token tree [pending token, draft nodes...] goes through the tree conv over ancestors and
    one tree-masked scan from the committed state (``ops.tree_scan``: accumulated A along ancestors),
-   output only -- nothing is stored per node;
+   output only -- nothing is stored per node; on CUDA both are the packed Triton kernels of
+   ``ops/tree_scan/triton.py`` (no (B, L, L, H) tensor is materialised), elsewhere their naive twins;
 3. this call's inputs are cached for step 1 of the next call.
 
 ``commit`` only records, on the device, which columns form the accepted path and how many there are;
