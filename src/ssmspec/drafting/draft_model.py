@@ -50,6 +50,9 @@ class DraftModel(ModelDrafterBase, DrafterBase):
         run = self._reset_runner(prompts, device, max_depth=self.S, width=self.D, max_new_tokens=max_new_tokens)
         self.gen = torch.Generator(device=run.model.device).manual_seed(self.sampling.seed)
 
+    def generators(self) -> list[torch.Generator]:
+        return [] if self.sampling.greedy else [self.gen]
+
     def _draft(self, root: Tensor) -> DraftTree:
         """root (B, V) draft logits after the pending token -> D chains of S tokens (B, D*S)."""
         run, S, D = self.runner, self.S, self.D

@@ -155,11 +155,11 @@ class DraftRunner:
         if max_new_tokens is not None and max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         budget = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
-        capacity = Tp + budget + 1 + self.slack
+        capacity = Tp + budget + self.slack
         if cfg.attention_layers and capacity > cfg.max_seq_len:
-            if max_new_tokens is not None or Tp + 1 + self.slack >= cfg.max_seq_len:
+            if max_new_tokens is not None or Tp + self.slack >= cfg.max_seq_len:
                 raise ValueError(f"draft model {cfg.name} needs {capacity} KV slots (prompt {Tp} + max_new_tokens "
-                                 f"{budget} + {1 + self.slack} in flight) but allows max_seq_len={cfg.max_seq_len}; "
+                                 f"{budget} + {self.slack} in flight) but allows max_seq_len={cfg.max_seq_len}; "
                                  f"raise the draft's max_seq_len, shorten the prompt or lower max_new_tokens")
             capacity = cfg.max_seq_len
         self.capacity = capacity  # KV slots per sequence (host constant: every call's kv_bound)
@@ -203,8 +203,8 @@ class DraftRunner:
         if self.kv and buf.capacity > self.capacity:
             raise ValueError(f"the token buffer holds up to {buf.capacity} tokens per sequence but draft model "
                              f"{self.model.cfg.name} keeps {self.capacity} KV slots (sized at reset for prompt "
-                             f"{self.prompt_max} + max_new_tokens + {1 + self.slack}); pass reset(..., "
-                             f"max_new_tokens={buf.capacity - self.prompt_max}) or more")
+                             f"{self.prompt_max} + max_new_tokens + {self.slack}); pass the drafter's reset(..., "
+                             f"max_new_tokens={buf.capacity - self.prompt_max - self.slack}) or more")
 
     @torch.no_grad()
     def absorb_device(self, buf: TokenBuffer) -> Tensor:
@@ -312,12 +312,17 @@ class ModelDrafterBase:
             dtype = self._draft_dtype or ("bfloat16" if self.device.type == "cuda" else "float32")
             self._draft_model = build_model(load_preset(self._draft_name), seed=self._draft_seed, device=self.device,
                                             dtype=getattr(torch, dtype))
-        self.runner = DraftRunner(self._draft_model, max_depth=max_depth, width=width, slack=self.spec.nodes)
+        # slack: the engine's last step may append a whole window past the budget, and its buffer keeps a spare
+        self.runner = DraftRunner(self._draft_model, max_depth=max_depth, width=width, slack=self.spec.nodes + 2)
         self.runner.reset([list(p) for p in prompts], max_new_tokens=max_new_tokens)
         return self.runner
 
     def _draft(self, root: Tensor):
         raise NotImplementedError
+
+    def generators(self) -> list[torch.Generator]:
+        """Device generators ``propose_device`` draws from (a graph capturing it registers them)."""
+        return []
 
     @torch.no_grad()
     def propose(self, history: list[list[int]], pending: Tensor):
