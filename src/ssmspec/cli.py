@@ -3,8 +3,9 @@
     run [-m] [--save-reference] [overrides]   run an experiment (Hydra: experiment=<id> key=value ...)
     plot <id> [--profile P] [--from DIR] [--out PNG]   draw an experiment's figure from results only
     figures                                   draw every figure that has reference results
-    reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines]  run every experiment of the
-                                              profile, draw all figures, end with a summary (ssmspec/summary.py)
+    reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines] [--jobs N|auto]  run every
+                                              experiment of the profile (one per GPU at once), draw all figures,
+                                              end with a summary (ssmspec/summary.py)
     list                                      the registered experiments with titles and profiles
 
 A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
@@ -16,7 +17,6 @@ import argparse
 import logging
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -232,7 +232,62 @@ def cmd_figures() -> int:
 
 
 # reproduce / list ----------------------------------------------------------------------------------
-def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines: bool = False) -> int:
+def _reproduce_slots(profile: str, jobs: str | None) -> list[tuple[str, ...]]:
+    """Where ``reproduce`` runs its experiments: one slot per GPU on the gpu profile (``--jobs auto``,
+    the default; ``--jobs N``: the first N GPUs), ``N`` CPU slots on the cpu profile (auto: one, since
+    CPU timings of parallel runs disturb each other)."""
+    from hydra_plugins.ssmspec_launcher.gpu_queue import make_slots
+    from hydra_plugins.ssmspec_launcher.launcher import resolve_devices
+
+    jobs = jobs or "auto"
+    if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
+        raise ValueError(f"--jobs takes a positive number or auto, got {jobs!r}")
+    if profile == "cpu":
+        return make_slots([], cpu_jobs=1 if jobs == "auto" else int(jobs))
+    slots = make_slots(resolve_devices(None)) or [()]
+    if jobs != "auto" and int(jobs) > len(slots):
+        raise ValueError(f"--jobs {jobs} but this machine shows {len(slots)} GPU(s); use --jobs auto or fewer")
+    return slots if jobs == "auto" else slots[:int(jobs)]
+
+
+def _run_reference_runs(exps, profile: str, slots: list[tuple[str, ...]]) -> list[str]:
+    """``run experiment=<id> --save-reference`` for each experiment, as a queue over ``slots`` (one child
+    process each, pinned to its GPU); returns the ids that failed. One slot: the children write to this
+    terminal, one after the other; several: each to runs/reproduce/<time>/<id>.log."""
+    import datetime
+    import time
+
+    from hydra_plugins.ssmspec_launcher.gpu_queue import Job, run_queue, summary, visible_devices
+
+    env = {"SSMSPEC_CONF": str(paths.CONF_DIR), "SSMSPEC_RESULTS": str(paths.RESULTS_DIR)}
+    logs = Path("runs", "reproduce", datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).absolute()
+    jobs = [Job(name=e.id, argv=(sys.executable, "-m", "ssmspec", "run", f"experiment={e.id}", f"profile={profile}",
+                                 "--save-reference"), log=logs / f"{e.id}.log" if len(slots) > 1 else None, env=env)
+            for e in exps]
+    titles = {e.id: e.title for e in exps}
+    where = lambda devices: f"GPU {visible_devices(devices)}" if devices else "this machine"  # noqa: E731
+
+    def on_start(job, devices) -> None:
+        print(f"\n=== {job.name}: {titles[job.name]}" + (f" (on {where(devices)}, log {job.log})" if job.log else ""),
+              flush=True)
+
+    def on_end(out) -> None:
+        if out.job.log is not None:
+            state = "ok" if out.ok else f"FAILED (exit {out.returncode}): {out.last_error()}"
+            print(f"=== {out.job.name}: {state} in {out.wall_s:.1f} s on {where(out.devices)}", flush=True)
+
+    t0 = time.perf_counter()
+    outcomes = run_queue(jobs, slots, on_start=on_start, on_end=on_end)
+    wall = time.perf_counter() - t0
+    print("\n=== experiments (wall time per experiment and where it ran)")
+    for out in outcomes:
+        print(f"  {'ok' if out.ok else 'FAILED':<6} {out.wall_s:8.1f} s  {where(out.devices):<14} {out.job.name}")
+    print(f"  {summary(outcomes, wall, len(slots))}", flush=True)
+    return [out.job.name for out in outcomes if not out.ok]
+
+
+def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines: bool = False,
+                  jobs: str | None = None) -> int:
     from ssmspec.config import resolve_profile
     from ssmspec.registry import experiments
 
@@ -245,6 +300,7 @@ def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines
             if unknown:
                 raise ValueError(f"unknown experiment(s) {unknown} in --only")
             exps = [e for e in exps if e.id in wanted]
+        slots = _reproduce_slots(profile, jobs)
     except ValueError as e:
         return _error(str(e))
     from ssmspec.summary import preflight, reproduce_report
@@ -253,13 +309,7 @@ def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines
     if missing:
         return _error(missing)
     print(f"reproduce: profile {profile}, {len(exps)} experiment(s): {', '.join(e.id for e in exps) or '-'}")
-    failed = []
-    for exp in exps:
-        print(f"\n=== {exp.id}: {exp.title}", flush=True)
-        cmd = [sys.executable, "-m", "ssmspec", "run", f"experiment={exp.id}", f"profile={profile}", "--save-reference"]
-        env = {**os.environ, "SSMSPEC_CONF": str(paths.CONF_DIR), "SSMSPEC_RESULTS": str(paths.RESULTS_DIR)}
-        if subprocess.call(cmd, env=env) != 0:
-            failed.append(exp.id)
+    failed = _run_reference_runs(exps, profile, slots)
     print("\n=== figures", flush=True)
     status = cmd_figures()
     summary, baseline_error = reproduce_report([e.id for e in exps], profile, failed,
@@ -305,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("reproduce", help="run every experiment of the profile, then draw every figure")
     r.add_argument("--profile", choices=["cpu", "gpu", "auto"])
     r.add_argument("--only", help="comma-separated experiment ids")
+    r.add_argument("--jobs", default="auto", help="experiments at once: auto (one per GPU on the gpu profile, "
+                   "one on cpu) or a number; each runs pinned to its GPU(s) (CUDA_VISIBLE_DEVICES)")
     r.add_argument("--allow-missing-baselines", action="store_true",
                    help="on the GPU, run and exit 0 even where mamba_ssm / fla do not import (rows say skipped)")
     sub.add_parser("list", help="registered experiments")
@@ -314,5 +366,5 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "figures":
         return cmd_figures()
     if args.cmd == "reproduce":
-        return cmd_reproduce(args.profile, args.only, args.allow_missing_baselines)
+        return cmd_reproduce(args.profile, args.only, args.allow_missing_baselines, jobs=args.jobs)
     return cmd_list()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -163,3 +164,35 @@ def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
     rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     starts = sorted(r["started"] for r in rows)
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows) and starts[0] <= starts[1]
+
+
+def test_reproduce_slots(monkeypatch):
+    from ssmspec.cli import _reproduce_slots
+
+    monkeypatch.setenv("SSMSPEC_DEVICES", "g0,g1,g2")
+    assert _reproduce_slots("gpu", "auto") == [("g0",), ("g1",), ("g2",)]
+    assert _reproduce_slots("gpu", "2") == [("g0",), ("g1",)]
+    assert _reproduce_slots("cpu", "auto") == [()] and _reproduce_slots("cpu", "2") == [(), ()]
+    with pytest.raises(ValueError, match="--jobs 4 but this machine shows 3 GPU"):
+        _reproduce_slots("gpu", "4")
+    with pytest.raises(ValueError, match="positive number or auto"):
+        _reproduce_slots("gpu", "0")
+
+
+def test_reproduce_runs_experiments_at_once_with_logs(cli, tmp_path, monkeypatch):
+    conf = tmp_path / "conf"
+    shutil.copytree(paths.CONF_DIR, conf)
+    for name in ("exp_a", "exp_b"):
+        text = (conf / "experiment" / "throughput_ar.yaml").read_text().replace("id: throughput_ar", f"id: {name}")
+        text = text.replace("profiles: [cpu, gpu]", "profiles: [cpu]").replace("cpu: {}", (
+            "cpu: {presets: [tiny-mamba2], batch: [1], context: [8], phases: [decode], warmup: 0, iters: 2}"))
+        (conf / "experiment" / f"{name}.yaml").write_text(text)
+    monkeypatch.setattr(paths, "CONF_DIR", conf)
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
+    status, out, err = cli("reproduce", "--profile", "cpu", "--only", "exp_a,exp_b", "--jobs", "2")
+    assert status == 0, err
+    for name in ("exp_a", "exp_b"):
+        assert (tmp_path / "results" / name / "cpu" / "results.jsonl").read_text().strip()
+        (log,) = (tmp_path / "runs" / "reproduce").glob(f"*/{name}.log")
+        assert f"experiment {name}" in log.read_text()
+    assert "=== exp_a: ok" in out and "on 2 slot(s)" in out and "sum of job times" in out

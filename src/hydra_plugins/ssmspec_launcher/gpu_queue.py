@@ -2,8 +2,8 @@
 
 A slot is a tuple of device ids (``gpus_per_job`` of them); a job's child gets
 ``CUDA_VISIBLE_DEVICES=<its slot>`` in its environment, so the variable is set before the child imports
-torch and CUDA only ever sees its own GPUs. An empty slot ``()`` is a CPU slot (the child gets
-``CUDA_VISIBLE_DEVICES=""``). A failing job frees its slot and the queue goes on; the caller reads the
+torch and CUDA only ever sees its own GPUs. An empty slot ``()`` is a CPU slot: the child's
+``CUDA_VISIBLE_DEVICES`` is whatever the job's ``env`` (else the parent) says. A failing job frees its slot and the queue goes on; the caller reads the
 outcomes at the end. Used by the ``gpu_queue`` Hydra launcher and by ``ssmspec reproduce --jobs``.
 
 Kept free of torch and Hydra imports: Hydra imports every module of ``hydra_plugins`` when it scans for
@@ -85,7 +85,9 @@ def make_slots(devices: Sequence[str], *, gpus_per_job: int = 1, cpu_jobs: int =
 
 
 def _start(job: Job, devices: tuple[str, ...]) -> subprocess.Popen:
-    env = {**os.environ, **job.env, "CUDA_VISIBLE_DEVICES": visible_devices(devices)}
+    env = {**os.environ, **job.env}
+    if devices:  # a CPU slot leaves the variable as the job's env has it (the launcher sets "": no GPU)
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices)
     if job.log is None:
         return subprocess.Popen(list(job.argv), env=env)
     job.log.parent.mkdir(parents=True, exist_ok=True)

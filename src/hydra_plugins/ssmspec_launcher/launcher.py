@@ -109,7 +109,7 @@ class GpuQueueLauncher(Launcher):
         argv = (sys.executable, "-m", "ssmspec", "run", *kept, f"results_dir={job_dir}")
         name = f"#{num} {' '.join(filter_overrides(kept))}".strip()
         job = Job(name=name, argv=argv, log=sweep_dir / self.logs_subdir / _log_name(subdir),
-                  env={"SSMSPEC_CONF": _conf_dir()})
+                  env={"SSMSPEC_CONF": _conf_dir(), **({} if self.slots[0] else {"CUDA_VISIBLE_DEVICES": ""})})
         return job, cfg, job_dir
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
