@@ -32,6 +32,7 @@ TRITON_MODULES = {
     "ssmspec.ops.selective_state_update.triton": ("selective_state_update_triton",),
     "ssmspec.ops.causal_conv1d.triton": ("causal_conv1d_update_triton", "conv_state_advance_triton"),
     "ssmspec.ops.replay.triton": ("replay_verify_triton",),
+    "ssmspec.ops.tree_scan.triton": ("tree_scan_triton", "tree_conv1d_triton"),
 }
 
 
@@ -99,7 +100,7 @@ def _expected_kernels(name: str) -> set[str]:
             "snapshot": {"ssm_multistep_snapshot_triton"},
             "activation_replay": {"ssm_multistep_triton"},
             "joint_attainment": {"ssm_multistep_triton"},
-            "stree": {"ssm_multistep_triton"},
+            "stree": {"ssm_multistep_triton", "tree_scan_triton", "tree_conv1d_triton"},
             "replay": {"replay_verify_triton"}}.get(name, set())
 
 
