@@ -4,7 +4,9 @@ The draft model runs a beam search of ``beams`` (M) beams for ``depth`` (N) step
 scoring beams by summed log-probability, and *every* beam's token of every step is kept even if that beam
 is later dropped: an N-layer tree with M tokens per layer (T = N*M nodes). Layer k's node j is node
 1 + (k-1)*M + j; its parent is the layer k-1 beam it extended (the root for layer 1). Beam search is
-deterministic, so ``q`` is None (one-hot under speculative sampling, which stays exact).
+deterministic, so ``q`` is None (one-hot under speculative sampling, which stays exact). ``propose_device``
+runs it on the device (top-k over the flattened beam x vocabulary scores, rows reordered by index): no
+host sync, capturable in a CUDA graph.
 """
 from __future__ import annotations
 

@@ -4,7 +4,9 @@ Table 4).
 A shape is a parents list (node i >= 1 has parent ``parents[i-1]``, a smaller node number; 0 is the pending
 token). The children of a node, in order, get the draft model's most likely, second most likely, ...
 token at that node. Drafting runs one draft-model call per layer that has children, one scratch row per
-node of the layer. Deterministic, so ``q`` is None.
+node of the layer. Deterministic, so ``q`` is None. The schedule (each layer's parent slots, ranks and
+scratch rows, the node order) is laid out on the device at ``reset``, so ``propose_device`` runs with no
+host sync and can be captured in a CUDA graph.
 
 Seed 003's shapes are figures not reproduced in its text; ``SHAPES`` rebuilds them from Table 4's width,
 depth and token count (tokens include the root): A (width 3, depth 4, 13) is Fig. 4a's "4 steps, 3 tokens
