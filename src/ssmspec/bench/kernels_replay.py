@@ -118,9 +118,12 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
     per model at ``bench.batch`` (seed 000, Fig. 6 kernel part and Fig. 7). Rows: impl ssu_mamba_ssm /
     ssu_ours (no R) and replay (per R, with ``bound_speedup`` and ``flush_period``); optional
     ``bench.sweep`` rows (impl replay-sweep) time other (BLOCK_P, num_warps) of the state kernel and
-    ``bench.window_sweep`` rows (impl replay-window-sweep) other num_warps of the window kernel."""
-    ctx = Ctx(cfg)
+    ``bench.window_sweep`` rows (impl replay-window-sweep) other num_warps of the window kernel. GDN rows
+    for ``bench.gdn_presets`` follow (bench/kernels_gdn.py)."""
+    from ssmspec.bench import kernels_gdn  # imports this module
     b = cfg.bench
+    gdn = kernels_gdn.gdn_presets(b)  # refused before anything is measured
+    ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
     for preset, z, bsz in mixer_grid(b):
         base = dict(model=preset, batch=bsz, L=1, **z)
@@ -136,14 +139,17 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
             samples, nbytes, cyc = replay_measure(ctx, bsz, 1, R, 0, z, **blocks)
             yield ctx.row(samples, nbytes, **base, impl=impl, R=R, flush_period=len(cyc),
                           bound_speedup=base_bytes / nbytes, **blocks)
+    yield from kernels_gdn.buffer_rows(ctx, b, gdn)
 
 
 def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     """Verify of S drafts (L = 1 + S tokens) per accepted count a = 0..S: `snapshot` (fused: one state load,
     L state stores into snapshot slots) and `replay` (per R in ``bench.R``), with the standard decode kernels
-    (L = 1) of the same batch as the unit (seed 000, Fig. 9)."""
-    ctx = Ctx(cfg)
+    (L = 1) of the same batch as the unit (seed 000, Fig. 9). GDN rows for ``bench.gdn_presets`` follow."""
+    from ssmspec.bench import kernels_gdn  # imports this module
     b = cfg.bench
+    gdn = kernels_gdn.gdn_presets(b)
+    ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
     for preset, z, bsz in mixer_grid(b):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
@@ -172,3 +178,4 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
                     samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z)
                     yield ctx.row(samples, nbytes, **base, impl="replay", S=S, L=L, R=R, accepted=a,
                                   flush_period=len(cyc))
+    yield from kernels_gdn.verify_rows(ctx, b, gdn)

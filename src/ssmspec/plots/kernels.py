@@ -34,8 +34,9 @@ def _need(df: pd.DataFrame, what: str) -> pd.DataFrame:
 
 
 def _base_ms(data: pd.DataFrame, **keys) -> tuple[float | None, str]:
-    """Median of the standard-decode unit: mamba_ssm's single-token kernel, ours where it is missing."""
-    for impl, label in (("ssu_mamba_ssm", "mamba_ssm"), ("ssu_ours", "ours")):
+    """Median of the standard-decode unit: mamba_ssm's (Mamba-2) or fla's (GDN rows) single-token kernel,
+    ours where it is missing."""
+    for impl, label in (("ssu_mamba_ssm", "mamba_ssm"), ("ssu_fla", "fla"), ("ssu_ours", "ours")):
         g = data[data["impl"] == impl]
         for k, v in keys.items():
             g = g[g[k] == v]
@@ -105,7 +106,7 @@ def plot_replay_buffer(df: pd.DataFrame, out: Path) -> None:
         rep = m[m["impl"] == "replay"].sort_values("R")
         ax.errorbar(rep["R"], rep["ms_p50"] * 1e3, yerr=[e * 1e3 for e in _err(rep)], marker="o", capsize=2,
                     label="replay (output-only)")
-        for impl, ls in (("ssu_mamba_ssm", "--"), ("ssu_ours", ":")):
+        for impl, ls in (("ssu_mamba_ssm", "--"), ("ssu_fla", "-."), ("ssu_ours", ":")):
             g = m[m["impl"] == impl]
             if len(g):
                 ax.axhline(g["ms_p50"].iloc[0] * 1e3, ls=ls, color="k", lw=1, label=impl)
@@ -117,7 +118,8 @@ def plot_replay_buffer(df: pd.DataFrame, out: Path) -> None:
         if base is not None:
             axr.plot(rep["R"], base / rep["ms_p50"], marker="o", label=f"measured (vs {label})")
         axr.plot(rep["R"], rep["bound_speedup"], marker="s", ls="--", label="byte bound")
-        axr.axhline(1.8, color="r", lw=1, ls=":", label="goal 1.8x")
+        goal = 1.7 if "family" in m.columns and (m["family"] == "gdn").any() else 1.8  # GDN: issue 11, P9
+        axr.axhline(goal, color="r", lw=1, ls=":", label=f"goal {goal}x")
         axr.set_xscale("log", base=2)
         axr.set(xlabel="buffer size R", ylabel="speedup over single-token kernel", title=f"{model}: speedup")
         axr.legend(fontsize=7)
@@ -126,27 +128,31 @@ def plot_replay_buffer(df: pd.DataFrame, out: Path) -> None:
 
 
 def plot_replay_speedup(df: pd.DataFrame, out: Path) -> None:
-    """Bars: kernel speedup of replay decode over mamba_ssm's and our single-token kernel, per model and R."""
+    """Bars: kernel speedup of replay decode over the library's (mamba_ssm / fla for GDN rows) and our
+    single-token kernel, per model and R."""
     data = _need(df, "replay_fig6_speedup")
     rows = []
     for model, m in data.groupby("model", sort=False):
         for _, r in m[m["impl"] == "replay"].iterrows():
-            for impl in ("ssu_mamba_ssm", "ssu_ours"):
+            for impl in ("ssu_mamba_ssm", "ssu_fla", "ssu_ours"):
                 g = m[m["impl"] == impl]
                 if len(g):
-                    rows.append(dict(model=model, R=r["R"], over=impl, speedup=g["ms_p50"].iloc[0] / r["ms_p50"],
-                                     bound=r["bound_speedup"]))
+                    rows.append(dict(model=model, R=r["R"], over="ssu_ours" if impl == "ssu_ours" else "library",
+                                     speedup=g["ms_p50"].iloc[0] / r["ms_p50"], bound=r["bound_speedup"]))
     sp = pd.DataFrame(rows)
     if sp.empty:
         raise ValueError("replay_fig6_speedup: no replay/baseline pairs to plot")
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    labels = [f"{m}\nR={int(R)}" for m, R in dict.fromkeys(zip(sp["model"], sp["R"]))]
+    keys = list(dict.fromkeys(zip(sp["model"], sp["R"])))
+    pos = {key: i for i, key in enumerate(keys)}  # a bar sits at its (model, R) even where a baseline is missing
+    labels = [f"{m}\nR={int(R)}" for m, R in keys]
     width = 0.27
-    for k, over in enumerate(("ssu_mamba_ssm", "ssu_ours")):
+    for k, (over, label) in enumerate((("library", "mamba_ssm / fla"), ("ssu_ours", "ssu_ours"))):
         s = sp[sp["over"] == over]
-        ax.bar([i + (k - 1) * width for i in range(len(s))], s["speedup"], width, label=f"over {over}")
+        ax.bar([pos[key] + (k - 1) * width for key in zip(s["model"], s["R"])], s["speedup"], width,
+               label=f"over {label}")
     b = sp.drop_duplicates(["model", "R"])
-    ax.bar([i + width for i in range(len(b))], b["bound"], width, label="byte bound", alpha=0.5)
+    ax.bar([pos[key] + width for key in zip(b["model"], b["R"])], b["bound"], width, label="byte bound", alpha=0.5)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("SSM kernel speedup")
@@ -166,8 +172,10 @@ def plot_verify_cost(df: pd.DataFrame, out: Path) -> None:
         base, label = _base_ms(m)
         if base is None:
             raise ValueError("replay_fig9_verify_cost: no standard decode rows (ssu_*) to normalize by")
-        snap = m[m["impl"] == "snapshot"].sort_values("S")
-        ax.plot(snap["S"], snap["ms_p50"] / base, marker="o", color="C3", label="snapshot")
+        for impl, color in (("snapshot", "C3"), ("fla_recurrent", "C5"), ("fla_chunk", "C6")):  # fla: GDN rows
+            g = m[m["impl"] == impl].sort_values("S")
+            if len(g):
+                ax.plot(g["S"], g["ms_p50"] / base, marker="o", color=color, label=impl)
         rep = m[m["impl"] == "replay"]
         for k, (R, g) in enumerate(rep.groupby("R")):
             rel = g.assign(rel=g["ms_p50"] / base).groupby("S")["rel"]
