@@ -18,6 +18,7 @@ initial state read); ``hbm_fraction`` = bytes / time / the measured copy bandwid
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 
@@ -135,15 +136,17 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
 
 # ssd_kernel_blockt -----------------------------------------------------------------------------------------
 def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
-    """Our kernel at every BLOCK_T x num_warps (``impl: ours``, ``block_t``, ``num_warps``; ``block_p``:
-    ``bench.block_p``, or the default of ``_blocks`` when null) and mamba_ssm once per size (``impl: mamba_ssm``)."""
+    """Our kernel at every BLOCK_T x num_warps x BLOCK_P of the grid (``impl: ours``, ``block_t``,
+    ``num_warps``, ``block_p``; a null block_p is the default of ``_blocks``) and mamba_ssm once per size (``impl: mamba_ssm``)."""
     if not (str(cfg.device).startswith("cuda") or interpret_mode()):
         raise ValueError("ssd_kernel_blockt times the Triton kernel's block sizes: run it on a GPU "
                          "(profile=gpu), or with TRITON_INTERPRET=1 set for the CPU interpreter")
     b = cfg.bench
-    bad = [t for t in b.block_t if int(t) < 16 or int(t) & (int(t) - 1)]
-    if bad:  # before any measurement
-        raise ValueError(f"ssd_kernel_blockt: bench.block_t must hold powers of two >= 16, got {bad}")
+    for key in ("block_t", "block_p"):  # before any measurement
+        bad = [v for v in b[key] if v is not None and (int(v) < 16 or int(v) & (int(v) - 1))]
+        if bad:
+            raise ValueError(f"ssd_kernel_blockt: bench.{key} must hold powers of two >= 16 (null: the default "
+                             f"block_p), got {bad}")
     from ssmspec.ops.ssd.triton import _blocks
     ctx = Ctx(cfg)
     _, chunk_m, why = mamba_ssm_ops()
@@ -154,12 +157,10 @@ def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
         rot = ctx.rotation(nbytes)
         sets = _copies(inp, rot)
         base = dict(model=name, batch=bsz, seqlen=L, **z, rot=rot, initial_state=init)
-        for bt in b.block_t:
-            for nw in b.num_warps:
-                launch = dict(block_t=int(bt), num_warps=int(nw),
-                              block_p=int(b.get("block_p") or _blocks(L, z["P"], z["N"])[1]))
-                yield _measure(ctx, [ours_fn(i, **launch) for i in sets], nbytes, **base, impl="ours",
-                               backend="triton", **launch)
+        for bt, nw, bp in itertools.product(b.block_t, b.num_warps, b.block_p):
+            launch = dict(block_t=int(bt), num_warps=int(nw), block_p=int(bp or _blocks(L, z["P"], z["N"])[1]))
+            yield _measure(ctx, [ours_fn(i, **launch) for i in sets], nbytes, **base, impl="ours",
+                           backend="triton", **launch)
         if chunk_m is None:
             yield dict(base, impl="mamba_ssm", status="skipped", reason=why)
         else:

@@ -60,8 +60,8 @@ def plot_ssd_fwd(df: pd.DataFrame, out: Path) -> None:
 
 
 def plot_ssd_blockt(df: pd.DataFrame, out: Path) -> None:
-    """One panel per (mixer, batch, seqlen): ms vs BLOCK_T, a line per num_warps, mamba_ssm as a dashed line;
-    block sizes that did not fit are marked on the x axis."""
+    """One panel per (mixer, batch, seqlen): ms vs BLOCK_T, a line per (num_warps, BLOCK_P), mamba_ssm as a
+    dashed line; block sizes that did not fit are marked on the x axis."""
     data = _need(df, "ssd_kernel_blockt")
     keys = list(dict.fromkeys(zip(data["model"], data["batch"], data["seqlen"])))
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), squeeze=False)
@@ -69,9 +69,10 @@ def plot_ssd_blockt(df: pd.DataFrame, out: Path) -> None:
     for ax, (model, bsz, L) in zip(axes[0], keys):
         m = data[(data["model"] == model) & (data["batch"] == bsz) & (data["seqlen"] == L)]
         ours = m[m["impl"] == "ours"]
-        for nw, g in ours.groupby("num_warps"):
+        for (nw, bp), g in ours.groupby(["num_warps", "block_p"]):
             g = g.sort_values("block_t")
-            ax.errorbar(g["block_t"], g["ms_p50"], yerr=_err(g), marker="o", capsize=2, label=f"ours, {int(nw)} warps")
+            ax.errorbar(g["block_t"], g["ms_p50"], yerr=_err(g), marker="o", capsize=2,
+                        label=f"ours, {int(nw)} warps, BLOCK_P={int(bp)}")
         base = m[m["impl"] == "mamba_ssm"]
         if len(base):
             ax.axhline(base["ms_p50"].iloc[0], color="k", ls="--", lw=1, label="mamba_ssm")
