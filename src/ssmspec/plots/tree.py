@@ -1,0 +1,61 @@
+"""Figures of the STree experiments (bench/tree.py), drawn from result rows only.
+
+Times are medians with p20-p80 error bars; ratios are of medians measured in the same run. Memory is the
+allocator peak per call where the run measured it (CUDA), else the bytes of the tensors each form allocates.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ssmspec.plots.style import ok_rows, provenance
+
+GOAL_SPEEDUP, GOAL_MEMORY = 2.0, 0.5  # P8 at depth 6: packed vs unrolled
+
+
+def memory_column(df: pd.DataFrame) -> tuple[str, str]:
+    """('peak_bytes', label) when every measured row has an allocator peak, else ('alloc_bytes', label)."""
+    if "peak_bytes" in df.columns and df["peak_bytes"].notna().all():
+        return "peak_bytes", "peak allocated per call (MiB)"
+    return "alloc_bytes", "bytes of the tensors a call allocates (MiB)"
+
+
+def plot_stree_fig3(df: pd.DataFrame, out: Path) -> None:
+    """Per model and batch: ms per forward vs tree depth, memory vs depth, and the packed-vs-unrolled ratios
+    (unrolled time / packed time, packed memory / unrolled memory) with the P8 goal lines."""
+    data = ok_rows(df)
+    if data.empty:
+        raise ValueError("stree_fig3_tree_forward: no measured rows to plot")
+    mem, mem_label = memory_column(data)
+    keys = list(dict.fromkeys(zip(data["model"], data["batch"])))
+    fig, axes = plt.subplots(len(keys), 3, figsize=(14, 3.4 * len(keys)), squeeze=False)
+    for (ax_t, ax_m, ax_r), (model, bsz) in zip(axes, keys):
+        g = data[(data["model"] == model) & (data["batch"] == bsz)]
+        for impl, s in g.groupby("impl", sort=False):
+            s = s.sort_values("depth")
+            err = [(s["ms_p50"] - s["ms_p20"]).clip(lower=0), (s["ms_p80"] - s["ms_p50"]).clip(lower=0)]
+            ax_t.errorbar(s["depth"], s["ms_p50"], yerr=err, marker="o", capsize=2, label=impl)
+            ax_m.plot(s["depth"], s[mem] / 2 ** 20, marker="o", label=impl)
+        ax_t.set(yscale="log", xlabel="tree depth (levels)", ylabel="ms per tree forward", title=f"{model}, batch {bsz}")
+        ax_m.set(yscale="log", xlabel="tree depth (levels)", ylabel=mem_label, title="memory")
+        t = g.pivot_table(index="depth", columns="impl", values="ms_p50")
+        m = g.pivot_table(index="depth", columns="impl", values=mem)
+        if {"packed", "unrolled"} <= set(t.columns):
+            ax_r.plot(t.index, t["unrolled"] / t["packed"], marker="o", label="unrolled time / packed time")
+            ax_r.plot(m.index, m["packed"] / m["unrolled"], marker="s", label="packed memory / unrolled memory")
+        ax_r.axhline(GOAL_SPEEDUP, color="r", ls="--", lw=1, label=f"goal: >= {GOAL_SPEEDUP:g}x faster")
+        ax_r.axhline(GOAL_MEMORY, color="m", ls=":", lw=1, label=f"goal: <= {GOAL_MEMORY:g}x memory")
+        ax_r.set(yscale="log", xlabel="tree depth (levels)", ylabel="ratio", title="packed vs unrolled (P8)")
+        for ax in (ax_t, ax_m, ax_r):
+            ax.set_xticks(sorted(g["depth"].unique()))
+            ax.legend(fontsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"STree Fig. 3: full binary tree forward, packed vs unrolled\n{provenance(data)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
