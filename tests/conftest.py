@@ -1,7 +1,8 @@
 """Loaded before every test module. On a GPU machine `make setup` installs mamba_ssm and fla-core (the GPU
-baselines); transformers 5 would then run their Triton kernels for its CPU models, which the CPU tests use as
-the PyTorch reference. Its modeling modules are imported here, with those packages hidden, so they keep
-their PyTorch paths (ssmspec.baselines.keep_transformers_on_torch_paths; a no-op where none is installed).
+baselines); transformers 5 would then bind their Triton kernels for its CPU models, which the CPU tests use
+as the PyTorch reference. From here on, transformers' modeling modules are imported with those packages
+hidden, so they keep their PyTorch paths (ssmspec.baselines.keep_transformers_on_torch_paths; a no-op where
+none is installed, as on CI).
 """
 from ssmspec.baselines import keep_transformers_on_torch_paths
 

@@ -236,7 +236,8 @@ def install(source: Path | None = None, *, force: bool = False) -> list[str]:
         if have and not have.endswith(f"+{LOCAL_TAG}"):
             log.info("baselines: keeping mamba-ssm %s (installed some other way)", have)
         elif have != ours:  # none yet, or ours from an older pin
-            sdist = find_sdist(Path(source)) if source is not None else fetch_sdist(Path(tmp))
+            v = MAMBA_SSM.version
+            sdist = find_sdist(Path(source), v) if source is not None else fetch_sdist(Path(tmp), v)
             wanted.append(str(build_triton_wheel(sdist, Path(tmp))))
         have = installed_version(FLA)
         if have:
@@ -277,41 +278,65 @@ def check() -> dict[str, str | None]:
 # tests -----------------------------------------------------------------------------------------------
 # packages transformers 5 binds in place of its PyTorch code whenever they import, for CPU tensors too
 TRANSFORMERS_FALLBACKS = ("mamba_ssm", "fla", "causal_conv1d")
+_MODELING = re.compile(r"transformers\.models\.\w+\.modeling_\w+")
 
 
-def keep_transformers_on_torch_paths() -> list[str]:
-    """Import the transformers modeling modules that would bind mamba_ssm / fla / causal_conv1d kernels while
-    those packages are hidden, so that they keep their PyTorch paths; then unhide the packages.
+class _HiddenWhileLoading:
+    """Loader wrapper: runs a module's code with ``hidden`` packages absent from the import system."""
+
+    def __init__(self, loader, hidden: tuple[str, ...]) -> None:
+        self.loader, self.hidden = loader, hidden
+
+    def __getattr__(self, name):  # get_source, get_filename, ... of the real loader
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in self.hidden}
+        sys.modules.update({p: None for p in self.hidden})  # None in sys.modules: `import p` raises ImportError
+        try:
+            self.loader.exec_module(module)
+        finally:
+            for p in self.hidden:
+                sys.modules.pop(p, None)
+            sys.modules.update(saved)
+
+
+class _TorchPathsFinder:
+    """Meta-path finder that hands transformers' modeling modules a loader hiding the baselines."""
+
+    def __init__(self, hidden: tuple[str, ...]) -> None:
+        self.hidden = hidden
+
+    def find_spec(self, name, path=None, target=None):
+        if not _MODELING.fullmatch(name):
+            return None
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(name, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _HiddenWhileLoading(spec.loader, self.hidden)
+        return spec
+
+
+def keep_transformers_on_torch_paths() -> tuple[str, ...]:
+    """Make transformers' modeling modules, when imported from now on, bind their PyTorch paths rather than
+    mamba_ssm / fla / causal_conv1d kernels; those packages stay importable for everything else.
 
     transformers 5 picks the implementation when a modeling module is imported
     (``integrations.hub_kernels.use_kernel_func_from_hub_with_fallback``: the package's kernel if it imports,
     whatever the device), so on a GPU machine with the baselines installed its CPU models would call Triton
     kernels on CPU tensors. The CPU tests compare against those PyTorch paths; tests/conftest.py calls this
-    before any test module imports transformers. Returns the modules imported (none where no such package
-    imports: CPU machines, CI)."""
+    before any test module imports transformers. Returns the packages hidden (none on CPU machines and CI,
+    where none of them is installed)."""
     import importlib.util
 
-    present = [p for p in TRANSFORMERS_FALLBACKS if importlib.util.find_spec(p) is not None]
-    spec = importlib.util.find_spec("transformers")
-    if not present or spec is None or spec.origin is None:
-        return []
-    binds = re.compile(r'with_fallback\(\s*"\w+",\s*"(%s)"' % "|".join(present))
-    modules = [f"transformers.models.{f.parent.name}.{f.stem}"
-               for f in sorted((Path(spec.origin).parent / "models").glob("*/modeling_*.py"))
-               if binds.search(f.read_text(errors="ignore"))]
-    saved = {k: sys.modules.pop(k) for k in list(sys.modules) if k.split(".")[0] in present}
-    sys.modules.update({p: None for p in present})  # None in sys.modules: `import p` raises ImportError
-    try:
-        for mod in modules:
-            try:
-                importlib.import_module(mod)
-            except Exception as e:  # noqa: BLE001 -- a model whose own extras are missing is none the tests use
-                log.debug("baselines: %s not imported (%s)", mod, e)
-    finally:
-        for p in present:
-            sys.modules.pop(p, None)
-        sys.modules.update(saved)
-    return modules
+    hidden = tuple(p for p in TRANSFORMERS_FALLBACKS if importlib.util.find_spec(p) is not None)
+    if hidden and not any(isinstance(f, _TorchPathsFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchPathsFinder(hidden))
+    return hidden
 
 
 # command line -----------------------------------------------------------------------------------------
