@@ -85,6 +85,42 @@ def test_launch_options_do_not_change_the_result(device, launch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES[:2])
+class _SmallGpu:
+    """Stands in for ``_ssd_scan_kernel``: launches that exceed a tile of ``limit`` tokens or one pipeline
+    stage raise OutOfResources, as Triton does at the first launch on a GPU that cannot hold them."""
+
+    def __init__(self, kernel, limit: int):
+        self.kernel, self.limit, self.tried = kernel, limit, []
+
+    def __getitem__(self, grid):
+        def launch(*args, BLOCK_T, num_warps, num_stages, **consts):
+            self.tried.append((BLOCK_T, num_warps, num_stages))
+            if BLOCK_T > self.limit or num_stages > 1:
+                from triton.runtime.errors import OutOfResources
+                raise OutOfResources(BLOCK_T * 1024, self.limit * 1024, "shared memory")
+            return self.kernel[grid](*args, BLOCK_T=BLOCK_T, num_warps=num_warps, num_stages=num_stages, **consts)
+        return launch
+
+
+def test_defaults_step_down_where_the_gpu_cannot_hold_them(device, monkeypatch):
+    import ssmspec.ops.ssd.triton as kernel_mod
+    from triton.runtime.errors import OutOfResources
+    fake = _SmallGpu(kernel_mod._ssd_scan_kernel, limit=32)
+    monkeypatch.setattr(kernel_mod, "_ssd_scan_kernel", fake)
+    monkeypatch.setattr(kernel_mod, "_FALLBACK", {})
+    inp = scan_inputs(1, 100, 2, 16, 1, 16, torch.float32, device, seed=9)
+    y, s = run_triton(inp)
+    assert [t for t, _, _ in fake.tried] == [128, 128, 64, 32]  # defaults, 1 stage, then halved tiles
+    y_ref, s_ref = run_recurrence(inp)
+    assert_close(y, y_ref, TOL[torch.float32], "y")
+    assert_close(s, s_ref, STATE_TOL[torch.float32], "final state")
+    fake.tried.clear()
+    run_triton(inp)
+    assert fake.tried == [(32, 4, 1)]  # remembered for this shape class
+    with pytest.raises(OutOfResources):  # an explicit launch option is measured as given, never replaced
+        run_triton(inp, block_t=64)
+
+
 def test_left_pads_leave_the_initial_state_untouched(device, dtype):
     """Pads with dt = 0 in front (a left-padded batch) change neither the state nor the later outputs."""
     inp = scan_inputs(2, 20, 4, 32, 2, 16, dtype, device, seed=3)

@@ -124,7 +124,11 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
         sets = _copies(inp, rot)
         base = dict(model=name, batch=bsz, seqlen=L, **z, rot=rot, initial_state=init)
         ran = "triton" if use_triton(inp["x"], inp["dt"], inp["A"], inp["B"], backend=backend) else "reference"
-        yield _measure(ctx, [ours_fn(i, backend=backend) for i in sets], nbytes, **base, impl="ours", backend=ran)
+        row = _measure(ctx, [ours_fn(i, backend=backend) for i in sets], nbytes, **base, impl="ours", backend=ran)
+        if ran == "triton":  # what the defaults resolved to (after any step-down on this GPU)
+            from ssmspec.ops.ssd.triton import default_launch
+            row.update(default_launch(ctx.dtype, L, z["P"], z["N"]))
+        yield row
         if chunk_m is None:
             yield dict(base, impl="mamba_ssm", status="skipped", reason=why)
         else:

@@ -26,14 +26,19 @@ block sizes are launch options (``block_t``, ``block_p``, ``num_warps``, ``num_s
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.ssd.naive import check_ssd_shapes
 from ssmspec.ops.triton_common import check_float, dummy
+
+log = logging.getLogger("ssmspec.ops.ssd")
 
 
 @triton.jit
@@ -86,6 +91,7 @@ def _ssd_scan_kernel(
     for t0 in range(0, L, BLOCK_T):
         tok = t0 + offs_t  # (T,)
         mask_t = tok < L
+        tok = tok.to(tl.int64)  # token x stride passes 2^31 at long prompts of the big mixers
         # tokens past L load dt = 0, x = B = C = 0: decay 1, no contribution, so cum_T is the tile's total
         dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)  # (T,)
         xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p,
@@ -133,20 +139,46 @@ def _check_block(name: str, v: int) -> None:
         raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles), got {v}")
 
 
+# (dtype, P, N, L > 64) -> the (block_t, num_warps, num_stages) that fit when the defaults did not
+_FALLBACK: dict[tuple, tuple[int, int, int]] = {}
+
+
+def _fallbacks(bt: int, nw: int, stages: int) -> list[tuple[int, int, int]]:
+    """The defaults, then one pipeline stage fewer, then halved tiles: smaller shared-memory and register
+    footprints for a GPU that cannot hold the defaults (Triton raises OutOfResources at the first launch)."""
+    out = [(bt, nw, stages)]
+    if stages > 1:
+        out.append((bt, nw, 1))
+    while bt > 32:
+        bt //= 2
+        out.append((bt, nw, 1))
+    return out
+
+
+def default_launch(dtype: torch.dtype, L: int, P: int, N: int) -> dict:
+    """The launch options a call without any runs with in this process (after any step-down), for result rows."""
+    bt, bp, nw = _blocks(L, P, N)
+    bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64), (bt, nw, 2))
+    return dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages)
+
+
 def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                           initial_state: Tensor | None = None, block_t: int | None = None,
                           block_p: int | None = None, num_warps: int | None = None,
-                          num_stages: int = 2) -> tuple[Tensor, Tensor]:
+                          num_stages: int | None = None) -> tuple[Tensor, Tensor]:
     """One-kernel SSD scan. x (B, L, H, P); dt (B, L, H) already discretized (0 on pad tokens); A (H,);
     B, C (B, L, G, N); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
     Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32 (a new tensor).
     ``block_t`` tokens per tile, ``block_p`` state rows per program (powers of two >= 16), ``num_warps``,
-    ``num_stages``: launch options (None: ``_blocks``); the result does not depend on them."""
+    ``num_stages`` (2): launch options, the result does not depend on them. With none given, the defaults
+    of ``_blocks`` run, stepping down (``_fallbacks``) where the GPU cannot hold them; a launch option that
+    does not fit raises Triton's OutOfResources (the block-size sweep records it)."""
     bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
     for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         check_float(name, t)
     bt, bp, nw = _blocks(L, P, N)
-    bt, bp, nw = block_t or bt, block_p or bp, num_warps or nw
+    chosen = block_t is None and num_warps is None and num_stages is None
+    bt, bp, nw, stages = block_t or bt, block_p or bp, num_warps or nw, num_stages or 2
     _check_block("block_t", bt)
     _check_block("block_p", bp)
     y = torch.empty(bsz, L, H, P, dtype=x.dtype, device=x.device)
@@ -154,16 +186,31 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     if bsz == 0 or H == 0:
         return y, final
     s0 = initial_state
-    s0_strides = s0.stride() if s0 is not None else (0, 0, 0, 0)
     grid = (triton.cdiv(P, bp), bsz, H)
-    _ssd_scan_kernel[grid](
-        x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
-        L, P, N, H // G,
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *s0_strides, *y.stride(), *final.stride(),
-        HAS_D=D is not None, HAS_INIT=s0 is not None,
-        PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-        UPCAST=interpret_mode() and x.dtype == torch.bfloat16,
-        BLOCK_T=bt, BLOCK_P=bp, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        num_warps=nw, num_stages=num_stages,
-    )
+    args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
+            L, P, N, H // G,
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
+            *y.stride(), *final.stride())
+    consts = dict(HAS_D=D is not None, HAS_INIT=s0 is not None,
+                  PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
+                  UPCAST=interpret_mode() and x.dtype == torch.bfloat16,
+                  BLOCK_P=bp, BLOCK_N=max(16, triton.next_power_of_2(N)))
+    key = (x.dtype, P, N, L > 64)
+    if not chosen:
+        tries = [(bt, nw, stages)]
+    elif key in _FALLBACK:
+        tries = [_FALLBACK[key]]
+    else:
+        tries = _fallbacks(bt, nw, stages)
+    for i, (t, w, st) in enumerate(tries):
+        try:
+            _ssd_scan_kernel[grid](*args, **consts, BLOCK_T=t, num_warps=w, num_stages=st)
+            break
+        except OutOfResources:
+            if i == len(tries) - 1:
+                raise
+            log.warning("SSD scan: BLOCK_T=%d, %d warps, %d stages do not fit this GPU; trying %s", t, w, st,
+                        tries[i + 1])
+    if chosen and i:
+        _FALLBACK[key] = tries[i]
     return y, final
