@@ -20,9 +20,10 @@ fp32 inputs use tf32x3 (fp32-accurate). Decays, cumulative sums and the carried 
 Pads: a token with dt = 0 has decay exp(0) = 1 and adds dt·x Bᵀ = 0, so left padding (dt zeroed by
 ``MambaParams.discretize``) leaves the initial state untouched; no mask is needed in the kernel.
 
-The kernel writes only its own outputs and a fresh final-state tensor, but it is still not autotuned:
-block sizes are launch options (``block_t``, ``block_p``, ``num_warps``, ``num_stages``) so the
-``ssd_kernel_blockt`` experiment measures every choice; ``_blocks`` holds the defaults.
+The kernel writes only its own outputs and a fresh final-state tensor, but it is still not autotuned (an
+autotuner would time inside the first prefill and hide the choice): block sizes are launch options
+(``block_t``, ``block_p``, ``num_warps``, ``num_stages``) so the ``ssd_kernel_blockt`` experiment measures
+every choice; ``_blocks`` holds the defaults, which step down (``_fallbacks``) on a GPU that cannot hold them.
 """
 from __future__ import annotations
 
