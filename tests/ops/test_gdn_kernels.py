@@ -14,7 +14,7 @@ from ssmspec.ops.gdn import (gdn_multistep, gdn_multistep_snapshot, gdn_recurren
                              gdn_replay_commit, gdn_replay_state_ref, gdn_replay_verify)
 
 ODD = dict(H=3, G=1, N=48, P=80)
-QWEN35 = dict(H=32, G=16, N=128, P=128)  # Qwen3.5-4B / Qwen3-Next GDN mixer (MODELS.md 3c, 3d)
+QWEN35 = dict(H=32, G=16, N=128, P=128)  # Qwen3.5-4B / Qwen3-Next-80B GDN mixer (published configs)
 
 
 def gdn_inputs(bsz, L, H, G, N, P, dtype, device, seed=0) -> dict:
@@ -186,9 +186,14 @@ REPLAY = [  # (L, R, head, count, flush, scale); batch 2, ODD sizes
 ]
 
 
+FORMS = [pytest.param(torch.bfloat16, False, id="bf16-rows"), pytest.param(torch.float32, False, id="fp32-rows"),
+         pytest.param(torch.bfloat16, True, id="bf16-gemm")]  # gemm: the GEMM form of the state kernel
+
+
 @pytest.mark.parametrize("L,R,head,count,flush,scale", REPLAY)
-@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float32, id="fp32")])
-def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, device):
+@pytest.mark.parametrize("dtype,gemm", FORMS)
+def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, gemm, device):
+    from ssmspec.ops.gdn.replay import gdn_replay_verify_triton
     H, G, N, P = ODD.values()
     bsz = 2
     inp = gdn_inputs(bsz, L, H, G, N, P, dtype, device)
@@ -201,7 +206,8 @@ def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, device):
     for backend in ("triton", "reference"):
         st = [S0.clone(), *_ring(bsz, R, H, G, N, P, head, count, dtype, device),
               torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        y = gdn_replay_verify(*st, *_args(inp), scale=scale, flush=fl, backend=backend)
+        y = (gdn_replay_verify_triton(*st, *_args(inp), scale=scale, flush=fl, gemm=gemm) if backend == "triton"
+             else gdn_replay_verify(*st, *_args(inp), scale=scale, flush=fl, backend=backend))
         outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[dtype], "y")
@@ -231,8 +237,10 @@ def test_bad_inputs_name_the_fix(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("L,R", [(1, 16), (7, 16), (7, 32)])
-def test_replay_verify_large(L, R, device):
-    """Qwen3.5-4B mixer sizes, batch 64: random pointers, the in-kernel flush rule."""
+@pytest.mark.parametrize("gemm", [pytest.param(False, id="rows"), pytest.param(True, id="gemm")])
+def test_replay_verify_large(L, R, gemm, device):
+    """Qwen3.5-4B mixer sizes, batch 64: random pointers, the in-kernel flush rule, both forms."""
+    from ssmspec.ops.gdn.replay import gdn_replay_verify_triton
     H, G, N, P = QWEN35.values()
     bsz = 64
     inp = gdn_inputs(bsz, L, H, G, N, P, torch.bfloat16, device)
@@ -243,7 +251,9 @@ def test_replay_verify_large(L, R, device):
     for backend in ("triton", "reference"):
         st = [S0.clone(), *_ring(bsz, R, H, G, N, P, head, count, torch.bfloat16, device),
               torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        outs.append((gdn_replay_verify(*st, *_args(inp), backend=backend), st))
+        y = (gdn_replay_verify_triton(*st, *_args(inp), gemm=gemm) if backend == "triton" else
+             gdn_replay_verify(*st, *_args(inp), backend=backend))
+        outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[torch.bfloat16], "y")
     assert_close(st_k[0], st_r[0], (1e-3, 1e-3), "S0")

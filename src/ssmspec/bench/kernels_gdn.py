@@ -6,7 +6,7 @@ Rows (impl):
 - ``ssu_fla``: fla-core's ``fused_recurrent_gated_delta_rule`` on one token from a state, final state out
   (state read + written: the standard decode step GDN serving runs); ``ssu_ours``: ``gdn_recurrent_update``
   in place. ``status: skipped`` where fla-core cannot be imported (CPU, or no fla on the path).
-- ``replay`` (per R): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
+- ``replay`` (per R; ``replay-gemm``: the GEMM form of its state kernel): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
   on the device) plus ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
   cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count.
 - Fig. 9 only: ``snapshot`` (``gdn_multistep_snapshot``: one state load, a state store per token -- the
@@ -36,8 +36,9 @@ from ssmspec.ops.gdn import gdn_multistep_snapshot, gdn_recurrent_update, gdn_re
 
 log = logging.getLogger("ssmspec.bench.kernels_gdn")
 
-# GDN mixer sizes: H value heads, G key heads, N = dk, P = dv (../MODELS.md sections 3c and 3d, from the
-# published configs: linear_num_value_heads, linear_num_key_heads, linear_key_head_dim, linear_value_head_dim)
+# GDN mixer sizes: H value heads, G key heads, N = dk, P = dv, from the published text configs of Qwen3.5-4B
+# (Qwen3_5ForConditionalGeneration text_config) and Qwen3-Next-80B-A3B: linear_num_value_heads 32,
+# linear_num_key_heads 16, linear_key_head_dim 128, linear_value_head_dim 128, linear_conv_kernel_dim 4
 GDN_MIXERS = {
     "qwen3.5-4b": dict(H=32, G=16, N=128, P=128),  # Qwen3.5-4B: 32 layers, 24 of them GDN
     "qwen3-next-80b": dict(H=32, G=16, N=128, P=128),  # Qwen3-Next-80B-A3B: 48 layers, 36 GDN (same mixer)
@@ -213,7 +214,8 @@ def verify_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
     """Fig. 9 for GDN: verify of S drafts (L = 1 + S tokens) per S in ``bench.gdn_S`` (default ``bench.S``) and
     R in ``bench.gdn_R`` (default ``bench.R``; a smaller grid keeps the GPU run short): snapshot (ours), fla's
     fused recurrent and chunk kernels (one final state), replay per R >= L and accepted count 0..S, with the
-    one-token kernels (S = 0) as the unit."""
+    one-token kernels (S = 0) as the unit; on CUDA, ``replay-gemm`` rows at R = ``bench.gdn_gemm_R`` (0: none)
+    time the GEMM form of the state kernel."""
     fla, chunk, why = fla_ops()
     act = ctx.dtype.itemsize
     S_list, R_list = b.get("gdn_S", None) or b.S, b.get("gdn_R", None) or b.R
@@ -246,11 +248,14 @@ def verify_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
                     yield _time_fla(ctx, _fla_fn(fn, st, inp), 1, 2 * sb + gdn_io_bytes(bsz, L, z, act), **base,
                                     impl=impl, S=S, L=L)
                     del st
-                for R in R_list:
+                runs = [("replay", int(R), {}) for R in R_list]
+                if ctx.cuda and b.get("gdn_gemm_R", 0):
+                    runs.append(("replay-gemm", int(b.gdn_gemm_R), dict(gemm=True)))
+                for impl, R, blocks in runs:
                     if R < L:
                         continue
                     for a in range(L):
-                        samples, nbytes, cyc = replay_measure(ctx, bsz, L, int(R), a, z)
-                        yield ctx.row(samples, nbytes, **base, impl="replay", S=S, L=L, R=R, accepted=a,
+                        samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z, **blocks)
+                        yield ctx.row(samples, nbytes, **base, impl=impl, S=S, L=L, R=R, accepted=a,
                                       flush_period=len(cyc))
                 ctx.sync()

@@ -183,6 +183,8 @@ def plot_verify_cost(df: pd.DataFrame, out: Path) -> None:
             ax.fill_between(lo.index, lo.values, hi.values, alpha=0.2, color=f"C{k}")
             ax.plot(mean.index, mean.values, marker="s", color=f"C{k}", label=f"replay R={int(R)} (band: accepted 0..S)")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
+        if "family" in m.columns and (m["family"] == "gdn").any():  # issue 11, P9: replay at S = 6 <= 1.2x
+            ax.axhline(1.2, color="r", lw=1, ls=":", label="goal 1.2x at S = 6")
         ax.set(xlabel="S drafts", ylabel=f"cost / standard decode ({label})", title=f"{model}, batch {m['batch'].iloc[0]}")
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)

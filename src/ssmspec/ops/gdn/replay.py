@@ -67,8 +67,12 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
                  S_b, S_h, S_n, S_p, rk_b, rk_r, rk_g, rk_n, ru_b, ru_r, ru_h, ru_p, rg_b, rg_r, rg_h,
                  q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p, g_b, g_l, g_h, be_b, be_l, be_h,
                  y_b, y_l, y_h, y_p,
-                 HAS_FLUSH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
-                 BLOCK_L: tl.constexpr):
+                 HAS_FLUSH: tl.constexpr, GEMM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Default: token by token, two column reductions of the tile per token (S0ᵀk_s, S0ᵀq_s) and one step of
+    forward substitution. GEMM (``gemm=True``, BLOCK_L, BLOCK_R >= 16): every term of Alg. 8 as a GEMM --
+    [K; Q]·S0 on tensor cores (tf32x3, fp32-accurate), T = (I + A)⁻¹ by substitution on the L x L block,
+    U = T·R, y from three small fp32 GEMMs."""
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -104,9 +108,15 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
     offs_l = tl.arange(0, BLOCK_L)
     gn = tl.load(g_ptr + b * g_b + offs_l * g_l + h * g_h, mask=offs_l < L, other=0.0).to(tl.float32)
     gam = tl.sum(gr, axis=0) + tl.cumsum(gn, axis=0)  # (BLOCK_L,) Γ_s: log-decay checkpoint -> token s
-    U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
     base_r = (b * G + grp) * L * R
     base_n = (b * G + grp) * L * L
+    if GEMM:
+        _solve_gemm(S, Ur, live, cumr, gam, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
+                    y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n,
+                    mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
+                    be_b, be_l, be_h, y_b, y_l, y_h, y_p)
+        return
+    U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
     for s in range(0, L):
         gs = tl.sum(tl.where(offs_l == s, gam, 0.0), axis=0)
         bs = tl.load(beta_ptr + b * be_b + s * be_l + h * be_h).to(tl.float32)
@@ -131,6 +141,49 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
         tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, scale * ys, mask=mask_p)
         slot = (hd + c + s) % R  # append U_s: only this program reads or writes these columns
         tl.store(ru_ptr + b * ru_b + slot * ru_r + h * ru_h + offs_p * ru_p, us, mask=mask_p)
+
+
+@triton.jit
+def _solve_gemm(S, Ur, live, cumr, gam, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
+                y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n, mask_p,
+                ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
+                be_b, be_l, be_h, y_b, y_l, y_h, y_p):
+    """The GEMM form of the readout of all L tokens (seed 000, Alg. 8) on this program's columns."""
+    mask_l = offs_l < L
+    m_ln = mask_l[:, None] & mask_n[None, :]
+    Kn = tl.load(k_ptr + b * k_b + offs_l[:, None] * k_l + grp * k_g + offs_n[None, :] * k_n, mask=m_ln,
+                 other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_N)
+    Qn = tl.load(q_ptr + b * q_b + offs_l[:, None] * q_l + grp * q_g + offs_n[None, :] * q_n, mask=m_ln,
+                 other=0.0).to(tl.float32)
+    HK = tl.dot(Kn, S, input_precision="tf32x3")  # (BLOCK_L, BLOCK_P) S0ᵀk_s per row
+    HQ = tl.dot(Qn, S, input_precision="tf32x3")
+    m_lp = mask_l[:, None] & mask_p[None, :]
+    V = tl.load(v_ptr + b * v_b + offs_l[:, None] * v_l + h * v_h + offs_p[None, :] * v_p, mask=m_lp,
+                other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + b * be_b + offs_l * be_l + h * be_h, mask=mask_l, other=0.0).to(tl.float32)
+    eg = tl.exp(gam)
+    m_lr = mask_l[:, None] & live[None, :]
+    Wr = tl.where(m_lr, tl.exp(gam[:, None] - cumr[None, :]), 0.0)  # (BLOCK_L, BLOCK_R) ring entry j -> token s
+    kkr = tl.load(kkr_ptr + base_r + offs_l[:, None] * R + offs_r[None, :], mask=m_lr, other=0.0)
+    kqr = tl.load(kqr_ptr + base_r + offs_l[:, None] * R + offs_r[None, :], mask=m_lr, other=0.0)
+    Rm = beta[:, None] * (V - eg[:, None] * HK - tl.dot(Wr * kkr, Ur, input_precision="ieee"))  # (BLOCK_L, BLOCK_P)
+    m_ll = mask_l[:, None] & mask_l[None, :]
+    lower = offs_l[:, None] >= offs_l[None, :]  # t <= s
+    Dn = tl.where(m_ll & lower, tl.exp(gam[:, None] - gam[None, :]), 0.0)  # (BLOCK_L, BLOCK_L) token t -> s
+    strict = m_ll & (offs_l[:, None] > offs_l[None, :])
+    kkn = tl.load(kkn_ptr + base_n + offs_l[:, None] * L + offs_l[None, :], mask=strict, other=0.0)
+    kqn = tl.load(kqn_ptr + base_n + offs_l[:, None] * L + offs_l[None, :], mask=m_ll & lower, other=0.0)
+    A = beta[:, None] * Dn * kkn  # strictly lower triangular
+    T = tl.zeros_like(A)  # T = (I + A)^-1, row by row: T_s = e_s − Σ_{t<s} A[s, t] T_t
+    for s in range(0, L):
+        a = tl.sum(tl.where(offs_l[:, None] == s, A, 0.0), axis=0)  # (BLOCK_L,) A[s, :]
+        row = tl.where(offs_l == s, 1.0, 0.0) - tl.sum(a[:, None] * T, axis=0)
+        T = tl.where(offs_l[:, None] == s, row[None, :], T)
+    U = tl.dot(T, Rm, input_precision="ieee")  # (BLOCK_L, BLOCK_P) the corrections of the call's tokens
+    Y = eg[:, None] * HQ + tl.dot(Wr * kqr, Ur, input_precision="ieee") + tl.dot(Dn * kqn, U, input_precision="ieee")
+    tl.store(y_ptr + b * y_b + offs_l[:, None] * y_l + h * y_h + offs_p[None, :] * y_p, scale * Y, mask=m_lp)
+    slots = (hd + c + offs_l) % R  # append U: only this program reads or writes these columns
+    tl.store(ru_ptr + b * ru_b + slots[:, None] * ru_r + h * ru_h + offs_p[None, :] * ru_p, U, mask=m_lp)
 
 
 @triton.jit
@@ -160,21 +213,23 @@ def _append_kernel(rk_ptr, rg_ptr, head_ptr, count_ptr, win_ptr, k_ptr, g_ptr, L
         tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
 
 
-def _main_blocks(N: int, P: int, L: int) -> tuple[int, int]:
+def _main_blocks(N: int, P: int, L: int, gemm: bool) -> tuple[int, int]:
     """(BLOCK_P, num_warps) of the state kernel, by hand (it writes S0 in place on flush steps: never
     autotuned; the ``sweep`` rows of bench/kernels_gdn.py time the alternatives). Decode is a streaming read of
     the checkpoint: 32 columns x N = 128 is 16 KB of fp32 state a program at 4 warps. Verify adds two
-    column reductions over N per token on the same tile; two warps keep them short."""
-    bp = max(8, min(64, 4096 // triton.next_power_of_2(N)))
-    return min(bp, max(8, triton.next_power_of_2(P))), (4 if L <= 1 else 2)
+    column reductions over N per token on the same tile; two warps keep them short. The GEMM form needs
+    BLOCK_P >= 16 and four warps for the tensor-core tiles."""
+    bp = max(16 if gemm else 8, min(64, 4096 // triton.next_power_of_2(N)))
+    return min(bp, max(16 if gemm else 8, triton.next_power_of_2(P))), (4 if L <= 1 or gemm else 2)
 
 
 def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, head: Tensor, count: Tensor,
                              q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
                              flush: Tensor | None = None, block_p: int | None = None,
-                             num_warps: int | None = None) -> Tensor:
+                             num_warps: int | None = None, gemm: bool = False) -> Tensor:
     """Triton form of ``gdn_replay_verify`` (see ``ssmspec.ops.gdn``); ``block_p`` / ``num_warps`` override
-    the hand-picked launch of the state kernel (benchmark sweeps)."""
+    the hand-picked launch of the state kernel and ``gemm=True`` runs its multi-token readout as GEMMs
+    (benchmark rows ``replay-gemm``; single-token calls always take the row form)."""
     bsz, L, H, P, G, N, R = check_replay_args(S0, ring_k, ring_u, ring_g, head, count, q, k, v, g, beta, flush)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("ring_k", ring_k), ("ring_u", ring_u)):
         check_float(name, t)
@@ -187,20 +242,21 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     y = torch.empty_like(v)
     flag = flush if flush is not None else count  # bool is read as int1; None: the rule, decided in-kernel
     has_flush = flush is not None
-    BR = max(2, triton.next_power_of_2(R))
-    BL = max(2, triton.next_power_of_2(L))
+    gemm = bool(gemm) and L >= 2
+    BR = max(16 if gemm else 2, triton.next_power_of_2(R))  # tl.dot needs >= 16 on every dimension
+    BL = max(16 if gemm else 2, triton.next_power_of_2(L))
     BN = max(16, triton.next_power_of_2(N))
     _scores_kernel[(bsz, G)](ring_k, q, k, head, count, flag, kk_r, kq_r, kk_n, kq_n, win, L, R, N,
                              *ring_k.stride(), *q.stride(), *k.stride(), HAS_FLUSH=has_flush, BLOCK_R=BR,
                              BLOCK_L=BL, BLOCK_N=BN, num_warps=4 if BR * BN <= 4096 else 8)
-    bp, nw = _main_blocks(N, P, L)
+    bp, nw = _main_blocks(N, P, L, gemm)
     bp, nw = block_p or bp, num_warps or nw
     _main_kernel[(triton.cdiv(P, bp), bsz, H)](
         S0, ring_k, ring_u, ring_g, head, count, flag, q, k, v, g, beta, kk_r, kq_r, kk_n, kq_n, y,
         default_scale(scale, N), L, R, N, P, H // G,
         *S0.stride(), *ring_k.stride(), *ring_u.stride(), *ring_g.stride(), *q.stride(), *k.stride(), *v.stride(),
         *g.stride(), *beta.stride(), *y.stride(),
-        HAS_FLUSH=has_flush, BLOCK_N=BN, BLOCK_P=bp, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
+        HAS_FLUSH=has_flush, GEMM=gemm, BLOCK_N=BN, BLOCK_P=bp, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
     _append_kernel[(bsz, L)](ring_k, ring_g, head, count, win, k, g, L, R, H, G, N,
                              *ring_k.stride(), *ring_g.stride(), *k.stride(), *g.stride(),
                              BLOCK=1024, BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
