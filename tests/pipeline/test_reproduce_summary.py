@@ -172,6 +172,7 @@ def test_reproduce_ends_with_the_summary_and_succeeds_with_every_baseline(fake_r
     summary_text = out[out.index("=== summary (profile gpu)"):]
     assert "kernel_parity" in summary_text and "throughput_ar" in summary_text
     assert "skipped 1: phase=prefill; batch=64 -- (no reason recorded)" in summary_text
+    assert summary_text.rstrip().splitlines()[-1].startswith("baselines: mamba_ssm ")
 
 
 def test_reproduce_exits_non_zero_when_gpu_rows_lack_a_baseline(fake_reproduce, capsys):
