@@ -255,7 +255,7 @@ def download(dest: Path) -> list[Path]:
     einops wheels (pure Python, so one folder serves any Linux machine)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    paths = [dest / sdist_name()] if (dest / sdist_name()).is_file() else [fetch_sdist(dest)]
+    paths = [find_sdist(dest) if (dest / sdist_name()).is_file() else fetch_sdist(dest)]  # an old copy is checked
     _pip(["download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(dest), f"{FLA.dist}=={FLA.version}", "einops"])
     return paths + sorted(dest.glob("*.whl"))
 
