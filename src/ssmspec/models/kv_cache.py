@@ -6,11 +6,17 @@ of the prompt and never attended. A model call attends to the committed slots pl
 keys/values under a causal or tree mask; the new keys/values wait in ``pending_k/v`` until ``commit``
 copies the accepted ones (a chain prefix or a tree path, from the row that verified them) into the
 cache. Everything is device-side with fixed shapes (no host sync), so steps can be graph-captured.
+
+Decode calls (L <= 64 new tokens a row) run ``ops.attention.decode_attention``: on CUDA a split-K kernel
+that reads each row's committed slots straight from the cache, so its time follows the committed length,
+not the capacity; prompts use SDPA over their own keys.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from ssmspec.ops.attention import MAX_DECODE_TOKENS, decode_attention, sdpa_attention
 
 
 class KVCache:
@@ -29,35 +35,21 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.pending_k, self.pending_v))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, step, *, scale: float) -> Tensor:
-        """q (B', L, Hq, D), k, v (B', L, Hkv, D) of this call -> (B', L, Hq, D)."""
-        Bp, L, Hq, Dh = q.shape
-        Hkv = k.shape[2]
+        """q (B', L, Hq, D), k, v (B', L, Hkv, D) of this call -> (B', L, Hq, D). The call's keys wait in
+        ``pending_k/v`` for ``commit``; masks and row-to-sequence map come from ``step`` (StepInputs)."""
+        Bp, L = q.shape[:2]
         if L > self.pending_k.shape[2] or Bp > self.pending_k.shape[0]:
             raise ValueError(f"model call of {Bp} rows x {L} tokens exceeds the KV scratch "
                              f"({self.pending_k.shape[0]} x {self.pending_k.shape[2]}) allocated for this run")
         self.pending_k[:Bp, :, :L] = k.transpose(1, 2)
         self.pending_v[:Bp, :, :L] = v.transpose(1, 2)
-        seq = torch.arange(Bp, device=q.device) if step.seq_index is None else step.seq_index
-        # committed context: (B', Hkv, T, D), attended where start <= slot < length
-        ctx_len = 0 if step.prefill else min(step.kv_bound or self.max_len, self.max_len)
-        keys = torch.cat([self.k[seq, :, :ctx_len], k.transpose(1, 2)], dim=2)
-        vals = torch.cat([self.v[seq, :, :ctx_len], v.transpose(1, 2)], dim=2)
-        slot = torch.arange(ctx_len, device=q.device)
-        end = self.length[seq] if step.kv_hide is None else self.length[seq] - step.kv_hide  # (B',)
-        old_ok = (slot[None] >= self.start[seq, None]) & (slot[None] < end[:, None])  # (B', T)
-        if step.tree_mask is not None:
-            new_ok = step.tree_mask
-        else:
-            new_ok = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()[None].expand(Bp, L, L)
-        if step.valid is not None:
-            new_ok = new_ok & step.valid[:, None, :]
-        mask = torch.cat([old_ok[:, None, :].expand(Bp, L, ctx_len), new_ok], dim=2)  # (B', L, T+L)
-        # a fully masked query row (a pad token) would give NaN; let it see itself, its output is unused
-        eye = torch.eye(L, dtype=torch.bool, device=q.device)[None].expand(Bp, L, L)
-        mask = mask | torch.cat([torch.zeros(Bp, L, ctx_len, dtype=torch.bool, device=q.device), eye], 2) & ~mask.any(-1, keepdim=True)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(1, 2), keys, vals, attn_mask=mask[:, None], scale=scale, enable_gqa=Hq != Hkv)
-        return out.transpose(1, 2)  # (B', L, Hq, D)
+        ctx_len = 0 if step.prefill else min(step.kv_bound or self.max_len, self.max_len)  # host int: no sync
+        args = dict(ctx_len=ctx_len, scale=scale, seq_index=step.seq_index, kv_hide=step.kv_hide,
+                    tree_mask=step.tree_mask, valid=step.valid)
+        if step.prefill or L > MAX_DECODE_TOKENS:  # prompts: SDPA over the call's own keys, in the input dtype
+            return sdpa_attention(q, k, v, self.k, self.v, self.start, self.length, **args)
+        # decode, chains, trees: the split-K kernel on CUDA reads only each row's committed slots
+        return decode_attention(q, k, v, self.k, self.v, self.start, self.length, **args)
 
     def commit(self, src_row: Tensor, cols: Tensor, count: Tensor) -> None:
         """Append, for every sequence b, ``count[b]`` pending tokens of row ``src_row[b]`` taken at
@@ -73,4 +65,4 @@ class KVCache:
         v_old = self.v[b_idx, :, dst]
         self.k[b_idx, :, dst] = torch.where(keep[..., None, None], k_new, k_old)
         self.v[b_idx, :, dst] = torch.where(keep[..., None, None], v_new, v_old)
-        self.length += count
+        self.length.add_(count).clamp_(max=self.max_len)  # finished sequences may keep stepping
