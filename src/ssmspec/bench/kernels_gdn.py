@@ -6,9 +6,10 @@ Rows (impl):
 - ``ssu_fla``: fla-core's ``fused_recurrent_gated_delta_rule`` on one token from a state, final state out
   (state read + written: the standard decode step GDN serving runs); ``ssu_ours``: ``gdn_recurrent_update``
   in place. ``status: skipped`` where fla-core cannot be imported (CPU, or no fla on the path).
-- ``replay`` (per R; ``replay-gemm``: the GEMM form of its state kernel): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
+- ``replay`` (per R): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
   on the device) plus ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
-  cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count.
+  cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count
+  (``replay-gemm``: the GEMM form of the state kernel).
 - Fig. 9 only: ``snapshot`` (``gdn_multistep_snapshot``: one state load, a state store per token -- the
   speculative baseline of seed 000, Alg. 7), ``fla_recurrent`` and ``fla_chunk`` (fla's fused recurrent and
   ``chunk_gated_delta_rule`` over the L tokens, initial state in, final state out: one store, not one per
@@ -72,8 +73,10 @@ def gdn_inputs(bsz: int, L: int, z: dict, dtype, device, seed: int = 0) -> dict:
     q = F.normalize(torch.randn(bsz, L, G, N, generator=gen), dim=-1)
     k = F.normalize(torch.randn(bsz, L, G, N, generator=gen), dim=-1)
     g = -torch.rand(H, generator=gen).add(0.5) * F.softplus(torch.randn(bsz, L, H, generator=gen) - 1.0)
-    return dict(q=q.to(device, dtype), k=k.to(device, dtype), v=torch.randn(bsz, L, H, P, generator=gen).to(device, dtype),
-                g=g.to(device), beta=torch.sigmoid(torch.randn(bsz, L, H, generator=gen)).to(device, dtype))
+    v = torch.randn(bsz, L, H, P, generator=gen)
+    beta = torch.sigmoid(torch.randn(bsz, L, H, generator=gen))
+    return dict(q=q.to(device, dtype), k=k.to(device, dtype), v=v.to(device, dtype), g=g.to(device),
+                beta=beta.to(device, dtype))
 
 
 def gdn_io_bytes(bsz: int, L: int, z: dict, act: int) -> int:
@@ -173,7 +176,8 @@ def _decode_baselines(ctx: Ctx, bsz: int, z: dict, fla, why: str, base: dict, sw
     sb = state_bytes(bsz, z["H"], z["P"], z["N"])
     rot = ctx.rotation(sb)
     nbytes = 2 * sb + gdn_io_bytes(bsz, 1, z, ctx.dtype.itemsize)
-    runs = [("ssu_fla", {}), ("ssu_ours", {})] + [("ssu_ours-sweep", dict(block_p=bp, num_warps=nw)) for bp, nw in sweep]
+    runs = [("ssu_fla", {}), ("ssu_ours", {})]
+    runs += [("ssu_ours-sweep", dict(block_p=bp, num_warps=nw)) for bp, nw in sweep]
     for impl, blocks in runs:
         if impl == "ssu_fla" and fla is None:
             yield dict(base, impl=impl, status="skipped", reason=why)

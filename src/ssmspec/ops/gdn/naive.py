@@ -144,7 +144,8 @@ def check_replay_args(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor
     R = ring_k.shape[1] if ring_k.dim() == 4 else -1
     if ring_k.shape != (bsz, R, G, N) or ring_u.shape != (bsz, R, H, P) or ring_g.shape != (bsz, R, H):
         raise ValueError(f"ring buffers must be k (B, R, G, N), u (B, R, H, P), g (B, R, H) with B={bsz}, G={G}, "
-                         f"N={N}, H={H}, P={P}; got {tuple(ring_k.shape)}, {tuple(ring_u.shape)}, {tuple(ring_g.shape)}")
+                         f"N={N}, H={H}, P={P}; got {tuple(ring_k.shape)}, {tuple(ring_u.shape)}, "
+                         f"{tuple(ring_g.shape)}")
     if L > R:
         raise ValueError(f"a call of L={L} tokens does not fit a ring of R={R}; raise the buffer size R or lower S")
     if S0.shape != (bsz, H, N, P) or S0.dtype != torch.float32 or ring_g.dtype != torch.float32:

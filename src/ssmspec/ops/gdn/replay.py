@@ -115,32 +115,33 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
                     y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n,
                     mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
                     be_b, be_l, be_h, y_b, y_l, y_h, y_p)
-        return
-    U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
-    for s in range(0, L):
-        gs = tl.sum(tl.where(offs_l == s, gam, 0.0), axis=0)
-        bs = tl.load(beta_ptr + b * be_b + s * be_l + h * be_h).to(tl.float32)
-        ks = tl.load(k_ptr + b * k_b + s * k_l + grp * k_g + offs_n * k_n, mask=mask_n, other=0.0).to(tl.float32)
-        qs = tl.load(q_ptr + b * q_b + s * q_l + grp * q_g + offs_n * q_n, mask=mask_n, other=0.0).to(tl.float32)
-        vs = tl.load(v_ptr + b * v_b + s * v_l + h * v_h + offs_p * v_p, mask=mask_p, other=0.0).to(tl.float32)
-        hk = tl.sum(S * ks[:, None], axis=0)  # (BLOCK_P,) S0ᵀk_s
-        hq = tl.sum(S * qs[:, None], axis=0)  # (BLOCK_P,) S0ᵀq_s
-        wr = tl.where(live, tl.exp(gs - cumr), 0.0)  # (BLOCK_R,) decay from ring entry j to token s
-        kkr = tl.load(kkr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
-        kqr = tl.load(kqr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
-        earlier = offs_l < s
-        wn = tl.where(offs_l <= s, tl.exp(gs - gam), 0.0)  # (BLOCK_L,) decay from token t to token s
-        kkn = tl.load(kkn_ptr + base_n + s * L + offs_l, mask=earlier, other=0.0)
-        kqn = tl.load(kqn_ptr + base_n + s * L + offs_l, mask=offs_l <= s, other=0.0)
-        es = tl.exp(gs)
-        # U_s = R_s − Σ_{t<s} A[s, t] U_t with R_s = β_s(v_s − e^{Γ_s} S0ᵀk_s − ring part), A = β_s e^{Γ_s−Γ_t} k_t·k_s
-        rk_part = tl.sum((wr * kkr)[:, None] * Ur, axis=0)
-        us = bs * (vs - es * hk - rk_part - tl.sum(tl.where(earlier, wn * kkn, 0.0)[:, None] * U, axis=0))
-        U = tl.where(offs_l[:, None] == s, us[None, :], U)
-        ys = es * hq + tl.sum((wr * kqr)[:, None] * Ur, axis=0) + tl.sum((wn * kqn)[:, None] * U, axis=0)
-        tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, scale * ys, mask=mask_p)
-        slot = (hd + c + s) % R  # append U_s: only this program reads or writes these columns
-        tl.store(ru_ptr + b * ru_b + slot * ru_r + h * ru_h + offs_p * ru_p, us, mask=mask_p)
+    else:  # token by token
+        U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
+        for s in range(0, L):
+            gs = tl.sum(tl.where(offs_l == s, gam, 0.0), axis=0)
+            bs = tl.load(beta_ptr + b * be_b + s * be_l + h * be_h).to(tl.float32)
+            ks = tl.load(k_ptr + b * k_b + s * k_l + grp * k_g + offs_n * k_n, mask=mask_n, other=0.0).to(tl.float32)
+            qs = tl.load(q_ptr + b * q_b + s * q_l + grp * q_g + offs_n * q_n, mask=mask_n, other=0.0).to(tl.float32)
+            vs = tl.load(v_ptr + b * v_b + s * v_l + h * v_h + offs_p * v_p, mask=mask_p, other=0.0).to(tl.float32)
+            hk = tl.sum(S * ks[:, None], axis=0)  # (BLOCK_P,) S0ᵀk_s
+            hq = tl.sum(S * qs[:, None], axis=0)  # (BLOCK_P,) S0ᵀq_s
+            wr = tl.where(live, tl.exp(gs - cumr), 0.0)  # (BLOCK_R,) decay from ring entry j to token s
+            kkr = tl.load(kkr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
+            kqr = tl.load(kqr_ptr + base_r + s * R + offs_r, mask=live, other=0.0)
+            earlier = offs_l < s
+            wn = tl.where(offs_l <= s, tl.exp(gs - gam), 0.0)  # (BLOCK_L,) decay from token t to token s
+            kkn = tl.load(kkn_ptr + base_n + s * L + offs_l, mask=earlier, other=0.0)
+            kqn = tl.load(kqn_ptr + base_n + s * L + offs_l, mask=offs_l <= s, other=0.0)
+            es = tl.exp(gs)
+            # U_s = R_s − Σ_{t<s} A[s, t] U_t, R_s = β_s(v_s − e^{Γ_s} S0ᵀk_s − ring part),
+            # A[s, t] = β_s e^{Γ_s−Γ_t} k_t·k_s
+            rk_part = tl.sum((wr * kkr)[:, None] * Ur, axis=0)
+            us = bs * (vs - es * hk - rk_part - tl.sum(tl.where(earlier, wn * kkn, 0.0)[:, None] * U, axis=0))
+            U = tl.where(offs_l[:, None] == s, us[None, :], U)
+            ys = es * hq + tl.sum((wr * kqr)[:, None] * Ur, axis=0) + tl.sum((wn * kqn)[:, None] * U, axis=0)
+            tl.store(y_ptr + b * y_b + s * y_l + h * y_h + offs_p * y_p, scale * ys, mask=mask_p)
+            slot = (hd + c + s) % R  # append U_s: only this program reads or writes these columns
+            tl.store(ru_ptr + b * ru_b + slot * ru_r + h * ru_h + offs_p * ru_p, us, mask=mask_p)
 
 
 @triton.jit
