@@ -219,13 +219,14 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # (T, d)
         idx, w = self.gate(flat)  # (T, k)
+        # every expert runs on every token, weighted 0 where it was not routed: fixed shapes (a decode step
+        # stays CUDA-graph capturable, no host sync on the routing); experts are summed in index order as
+        # routed-only computation would. The presets' MoE layers are small; large MoE wants a grouped GEMM.
+        gate = torch.zeros(flat.shape[0], self.cfg.n_experts, dtype=w.dtype, device=x.device).scatter(1, idx, w)
         y = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
-        for e in range(self.cfg.n_experts):  # only the tokens routed to expert e
-            tok, slot = torch.where(idx == e)
-            if tok.numel() == 0:
-                continue
-            hid = F.relu(F.linear(flat[tok], self.experts.up_proj[e])).square()
-            y.index_add_(0, tok, F.linear(hid, self.experts.down_proj[e]).float() * w[tok, slot, None])
+        for e in range(self.cfg.n_experts):
+            hid = F.relu(F.linear(flat, self.experts.up_proj[e])).square()  # (T, moe_d_ff)
+            y += F.linear(hid, self.experts.down_proj[e]).float() * gate[:, e, None]
         y = y.to(x.dtype).view(shape)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
