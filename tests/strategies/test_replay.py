@@ -39,7 +39,7 @@ class ChainOracle:
         self.is_tree = parents is not None
         self.spec = SpecConfig(draft_len=self.S, tree_size=len(parents) if parents else 0, buffer_size=R)
 
-    def reset(self, prompts, *, batch, device):
+    def reset(self, prompts, *, batch, device, max_new_tokens=None):
         self.plen = [len(p) for p in prompts]
 
     def _rand(self):

@@ -36,7 +36,7 @@ class TreeOracle:
                 self.depth.append(self.depth[q] + 1)
             self.spec = SpecConfig(draft_len=max(self.depth), tree_size=len(parents))
 
-    def reset(self, prompts, *, batch, device):
+    def reset(self, prompts, *, batch, device, max_new_tokens=None):
         self.plen = [len(p) for p in prompts]
 
     def _rand(self) -> int:

@@ -52,7 +52,8 @@ def decode_engine(model, strategy, pending: torch.Tensor, context: int, steps: i
     state read and written, the KV cache read once)."""
     mcfg = model.cfg
     bsz = pending.shape[0]
-    eng = Engine(model, batch=bsz, prefill_len=context, max_new_tokens=steps, strategy=strategy, cuda_graph=graph)
+    eng = Engine(model, batch=bsz, prefill_len=context, max_new_tokens=steps, strategy=strategy, cuda_graph=graph,
+                 prefill=False)
     eng.start_synthetic(context, pending)
     st = eng.strategy
     bytes_min = (sum(p.numel() * p.element_size() for p in model.parameters())

@@ -128,8 +128,9 @@ class Drafter(Protocol):
     is_tree: bool  # proposes trees that are not chains
     on_device: bool  # propose_device is capturable (no host sync)
 
-    def reset(self, prompts: list[Tensor], *, batch: int, device) -> None:
-        """Called once before generation with each sequence's prompt ids (1-D tensors)."""
+    def reset(self, prompts: list[list[int]], *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        """Called once before generation with each sequence's prompt ids; ``max_new_tokens`` bounds what the
+        run will append (drafters with caches size them from it; None: their own default)."""
 
     def propose(self, history: list[Tensor], pending: Tensor) -> DraftTree:
         """history: per sequence, every token so far (prompt + output, pending included)."""

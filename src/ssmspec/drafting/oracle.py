@@ -65,7 +65,7 @@ class Oracle(DrafterBase):
                      tree=tree if tree is None or isinstance(tree, str) else list(self.parents), horizon=horizon,
                      seed=seed)
 
-    def reset(self, prompts, *, batch: int, device) -> None:
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         self.device = torch.device(device)
         if self.reference is None:
             if self.target is None:

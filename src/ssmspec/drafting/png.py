@@ -114,7 +114,7 @@ class PromptNgram(DrafterBase):
         self.device = torch.device("cpu")
         self._record(ngram=ngram, num_drafts=num_drafts, draft_len=draft_len, min_ngram=min_ngram, merge=merge)
 
-    def reset(self, prompts, *, batch: int, device) -> None:
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         self.device = torch.device(device)
 
     def propose_device(self, buf: TokenBuffer) -> DraftTree:

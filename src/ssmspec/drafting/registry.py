@@ -37,7 +37,7 @@ class DrafterBase:
         """{"name": ..., **options}: JSON-friendly (models appear by preset name)."""
         return {"name": self.name, **self._options, "on_device": self.on_device}
 
-    def reset(self, prompts: list[list[int]], *, batch: int, device) -> None:
+    def reset(self, prompts: list[list[int]], *, batch: int, device, max_new_tokens: int | None = None) -> None:
         """Called once before generation with every sequence's prompt ids."""
 
     def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:

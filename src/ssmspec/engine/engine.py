@@ -52,7 +52,7 @@ class Engine:
                  strategy: str | StrategyBase = "autoregressive", drafter=None, verifier=None,
                  sampling: SamplingConfig = SamplingConfig(), spec: SpecConfig | None = None,
                  eos_token_id: int | None = None, cuda_graph: bool | None = None,
-                 kv_capacity: int | None = None) -> None:
+                 kv_capacity: int | None = None, prefill: bool = True) -> None:
         cfg = model.cfg
         self.model = model
         strat = make_strategy(strategy) if isinstance(strategy, str) else strategy
@@ -77,7 +77,7 @@ class Engine:
                              f"step in flight) needs {kv_capacity} KV slots but {cfg.name} allocates max_seq_len="
                              f"{cfg.max_seq_len}; shorten the prompt, lower max_new_tokens, or raise model.max_seq_len")
         parts = plan_bytes(cfg, strat, batch=batch, spec=spec, kv_capacity=kv_capacity, prefill_len=prefill_len,
-                           dtype=model.dtype)
+                           dtype=model.dtype, prefill=prefill)  # prefill False: start_synthetic only
         self.planned_bytes = check_fits(parts, dev, what=f"a run of {cfg.name} at batch {batch} with {prefill_len} "
                                         f"prompt + {max_new_tokens} new tokens ({strat.name})",
                                         fix="lower the batch, the context or max_new_tokens")
@@ -110,7 +110,8 @@ class Engine:
         if self.drafter is not None:
             if prompts is None:
                 prompts = [row[:n] for row, n in zip(ids.tolist(), valid.sum(1).tolist())]
-            self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device)
+            self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device,
+                               max_new_tokens=self.step.max_new_tokens)
         return self.step.report_of(self.step.report.cpu())
 
     @torch.no_grad()
@@ -119,7 +120,8 @@ class Engine:
         self.step.grow_bound = not self.graphed
         self.step.start_synthetic(context, pending)
         if self.drafter is not None:
-            self.drafter.reset(self.step.buf.to_lists(), batch=self.step.batch, device=self.model.device)
+            self.drafter.reset(self.step.buf.to_lists(), batch=self.step.batch, device=self.model.device,
+                               max_new_tokens=self.step.max_new_tokens)
 
     # steps -----------------------------------------------------------------------------------------
     def _eager(self) -> None:

@@ -125,13 +125,14 @@ def generate(model: HybridLM, prompts: Sequence[Sequence[int]], *, max_new_token
     first = eng.prefill(ids, valid, [list(p) for p in prompts])
     finished = record(first, time.perf_counter() - t0, bsz * Tp)
     rows, length = eng.strategy.max_rows(bsz, eng.spec), eng.strategy.max_call_len(eng.spec)
+    lag = 1 if eng.cuda else 0  # on CUDA the host reads step t-1 while step t runs; CPU steps are synchronous
     while not finished:
-        eng.launch()  # step t queued; the report of step t-1 is read while t runs
-        for rep, seconds in eng.collect(keep=1):
+        eng.launch()
+        for rep, seconds in eng.collect(keep=lag):
             finished = record(rep, seconds, rows * length) or finished
         if finished:
             break
         if len(out.steps) > max_new_tokens + 1:  # every step emits >= 1 token per running sequence
             raise RuntimeError("generation did not finish within max_new_tokens steps (engine bug)")
-    eng.collect(keep=0)  # the step launched past the end: its sequences were finished (masked)
+    eng.collect(keep=0)  # on CUDA one step ran past the end: every sequence was finished (masked)
     return out

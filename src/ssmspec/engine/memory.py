@@ -51,8 +51,8 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
     decode_tok = rows * strategy.max_call_len(spec)
     prefill_tok = batch * prefill_len if prefill else 0
     logits_tok = max(decode_tok, batch)
-    # fp32 logits (plus the verifier's probabilities) and ~4 live temporaries of the widest layer, in fp32
-    act = 2 * 4 * cfg.vocab_size * logits_tok + 4 * 4 * width * max(decode_tok, prefill_tok)
+    # fp32 logits (plus the verifier's probabilities) and ~2 live fp32 temporaries of the widest layer
+    act = 2 * 4 * cfg.vocab_size * logits_tok + 2 * 4 * width * max(decode_tok, prefill_tok)
     if cfg.mamba_layers and prefill:  # the prefill chunk scan's per-chunk states (fp32)
         chunks = -(-prefill_len // max(cfg.chunk_size, 1))
         act += 2 * 4 * batch * chunks * cfg.ssm_heads * cfg.head_dim * cfg.state_size

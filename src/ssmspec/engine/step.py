@@ -162,7 +162,11 @@ class DecodeStep:
     # one decode step ------------------------------------------------------------------------------
     def draft(self) -> DraftTree | None:
         """The drafter's proposal from the token buffer (device-side for on_device drafters)."""
-        return None if self.drafter is None else self.drafter.propose_device(self.buf)
+        if self.drafter is None:
+            return None
+        if hasattr(self.drafter, "propose_device"):
+            return self.drafter.propose_device(self.buf)
+        return self.drafter.propose(self.buf.to_lists(), self.buf.pending())  # a duck-typed host drafter
 
     def set_drafts(self, drafts: DraftTree | None) -> None:
         """Drafts for the next ``target_step``: the first ones become the static inputs; later ones are copied

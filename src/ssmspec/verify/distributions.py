@@ -49,5 +49,9 @@ def target_probs(logits: Tensor, cfg: SamplingConfig) -> Tensor:
 
 def sample(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """(..., V) -> (...) int64 draws."""
+    # argmax(p / E) with E ~ Exp(1) draws index i with probability p_i -- what torch.multinomial does for one
+    # sample, without multinomial's host-side check of the probabilities (a device sync that a CUDA graph
+    # cannot capture)
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    e = torch.empty_like(flat, dtype=torch.float32).exponential_(generator=generator).clamp_(min=1e-30)
+    return (flat.float() / e).argmax(-1).reshape(probs.shape[:-1])
