@@ -270,3 +270,20 @@ def test_multistep_large(L, device):
     assert_close(gdn_multistep(st_k, *_args(inp), backend="triton", **kw),
                  gdn_multistep(st_r, *_args(inp), backend="reference", **kw), TOL[torch.bfloat16], "y")
     assert_close(st_k, st_r, (1e-3, 1e-3), "state")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 4])
+def test_recurrence_matches_fla(L, device):
+    """Our k-major state, GVA head mapping and default scale are fla-core's: its fused recurrent kernel from the
+    same state gives the same outputs and final state as ours (skipped where fla-core is not importable)."""
+    fla = pytest.importorskip("fla.ops.gated_delta_rule")
+    H, G, N, P = QWEN35.values()
+    inp = gdn_inputs(8, L, H, G, N, P, torch.bfloat16, device)
+    s0 = _state(8, H, N, P, device)
+    st = s0.clone()
+    y = gdn_multistep(st, *_args(inp), backend="triton")
+    y_fla, s_fla = fla.fused_recurrent_gated_delta_rule(q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"],
+                                                        beta=inp["beta"], initial_state=s0, output_final_state=True)
+    assert_close(y, y_fla, TOL[torch.bfloat16], "y vs fla")
+    assert_close(st, s_fla, (1e-3, 1e-3), "state vs fla")
