@@ -42,12 +42,18 @@ class ModelConfig:
     conv_bias: bool = True  # conv1d has a bias
     proj_bias: bool = False  # in_proj / out_proj have biases
     mamba_activation: str = "silu"  # activation after the conv
+    d_xb: int = 0  # MambaInLlama: width of x and of B before their GQA-style repeat to H heads / G groups (0: none)
     # attention
     n_heads: int = 4  # query heads
     n_kv_heads: int = 2  # key/value heads (GQA)
     attn_head_dim: int = 16  # per-head width of q, k, v
     rope: bool = False  # rotary embeddings (Nemotron-H has none; Llama-style hybrids do)
     rope_theta: float = 10000.0
+    # Llama 3.1 "llama3" RoPE scaling (transformers' rope_scaling): low frequencies divided by the factor
+    rope_scaling_factor: float = 1.0  # 1: plain RoPE
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_pos: int = 8192  # original_max_position_embeddings
     attn_bias: bool = False
     # MLP / MoE
     mlp_kind: str = "relu2"  # relu2 (Nemotron-H: up -> relu^2 -> down) | swiglu (Llama: silu(gate)*up)
@@ -79,6 +85,12 @@ class ModelConfig:
             )
         if "M" in self.pattern and self.ssm_heads % self.n_groups:
             raise ValueError(f"model {self.name!r}: ssm_heads={self.ssm_heads} must be a multiple of n_groups={self.n_groups}")
+        if "M" in self.pattern and self.d_xb:
+            xh, bg = self.d_xb // self.head_dim, self.d_xb // self.state_size  # heads of x, groups of B
+            if self.d_xb % self.head_dim or self.d_xb % self.state_size or self.ssm_heads % xh or self.n_groups % bg:
+                raise ValueError(f"model {self.name!r}: d_xb={self.d_xb} must be a multiple of head_dim={self.head_dim} "
+                                 f"and state_size={self.state_size} whose quotients divide ssm_heads={self.ssm_heads} "
+                                 f"and n_groups={self.n_groups} (MambaInLlama repeats x and B head-wise)")
         if "*" in self.pattern and self.n_heads % self.n_kv_heads:
             raise ValueError(f"model {self.name!r}: n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         if "E" in self.pattern and not (0 < self.top_k <= self.n_experts):
@@ -94,8 +106,9 @@ class ModelConfig:
         return self.ssm_heads * self.head_dim
 
     @property
-    def conv_dim(self) -> int:  # channels of the depthwise conv: x | B | C
-        return self.d_inner + 2 * self.n_groups * self.state_size
+    def conv_dim(self) -> int:  # channels of the depthwise conv: x | B | C (x and B d_xb wide when d_xb is set)
+        gn = self.n_groups * self.state_size
+        return (self.d_xb or self.d_inner) + (self.d_xb or gn) + gn
 
     @property
     def in_proj_dim(self) -> int:  # z | xBC | dt

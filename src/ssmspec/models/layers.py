@@ -112,9 +112,13 @@ class Mamba2Mixer(nn.Module):
         return self.out_proj(self.norm(y.to(h.dtype), z))
 
 
-def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype) -> tuple[Tensor, Tensor]:
-    """positions (B, L) -> cos, sin (B, L, dim) (half-rotation layout of Llama)."""
+def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype, cfg: ModelConfig | None = None) -> tuple[Tensor, Tensor]:
+    """positions (B, L) -> cos, sin (B, L, dim) (half-rotation layout of Llama); ``cfg`` with a
+    rope_scaling_factor != 1 applies Llama 3.1's scaling (``mil.llama3_inv_freq``)."""
     inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
+    if cfg is not None and cfg.rope_scaling_factor != 1.0:
+        from ssmspec.models.mil import llama3_inv_freq
+        inv = llama3_inv_freq(inv, cfg)
     ang = positions.float()[..., None] * inv  # (B, L, dim/2)
     emb = torch.cat([ang, ang], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -147,7 +151,7 @@ class Attention(nn.Module):
         k = self.k_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
         v = self.v_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
         if c.rope:
-            cos, sin = rope_cos_sin(ctx.step.positions, c.attn_head_dim, c.rope_theta, q.dtype)
+            cos, sin = rope_cos_sin(ctx.step.positions, c.attn_head_dim, c.rope_theta, q.dtype, c)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv: KVCache = ctx.kv[self.index]
         out = kv.attend(q, k, v, ctx.step, scale=1.0 / math.sqrt(c.attn_head_dim))  # (B', L, heads, D)

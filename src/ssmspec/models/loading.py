@@ -351,6 +351,9 @@ def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.
     ``ssmspec.data.load_tokenizer`` uses to find the checkpoint's tokenizer.
     """
     path = resolve_checkpoint(path_or_hub_id)
+    if (path / "mamba_config.json").is_file():  # MambaInLlama: Llama config.json + mamba_config.json
+        from ssmspec.models.loading_mil import load_mil
+        return load_mil(path, device=device, dtype=dtype, max_seq_len=max_seq_len)
     cfg = config_from_checkpoint(path, max_seq_len=max_seq_len)
     sd = convert_state_dict(read_state_dict(path), cfg)
     check_state_dict(sd, cfg, where=f"checkpoint {path}")

@@ -21,7 +21,10 @@ class Block(nn.Module):
         self.kind = kind
         self.residual_in_fp32 = cfg.residual_in_fp32
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if kind == "M":
+        if kind == "M" and cfg.d_xb:  # MambaInLlama's mixer (imported here: mil.py needs strategies.base)
+            from ssmspec.models.mil import MILMixer
+            self.mixer = MILMixer(cfg, index)
+        elif kind == "M":
             self.mixer = Mamba2Mixer(cfg, index)
         elif kind == "*":
             self.mixer = Attention(cfg, index)
