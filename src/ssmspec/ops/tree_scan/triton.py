@@ -16,8 +16,8 @@ t are a chain whose indices increase towards t, so t's k-th nearest ancestor is 
 and exactly k ancestors-or-self of t after it: a reverse prefix count over t's mask row finds it, without
 any depth table. Where the tree above t is shallower than k, the tap reads the committed conv state.
 
-Neither kernel writes state, so neither is autotuned for safety reasons; the block sizes are still fixed
-by hand (``_scan_blocks``) so that a captured CUDA graph never re-benchmarks.
+Neither kernel writes state (an autotuner could replay them safely), but their block sizes are fixed by
+hand (``_scan_blocks``) so that no first call inside a CUDA-graph capture has to benchmark.
 """
 from __future__ import annotations
 
