@@ -132,7 +132,7 @@ class DecodeStep:
         self.buf.tokens[:, :T] = torch.where(col < n[:, None], ids.gather(1, src), 0)
         self.buf.prompt_len.copy_(n)
         self.buf.length.copy_(n)
-        self.kv_bound = T
+        self.kv_bound = T if self.grow_bound else self.kv_capacity  # a captured step reads the whole cache
         self.seq_len.copy_(n)
         self.emitted.zero_()
         self.done.zero_()
