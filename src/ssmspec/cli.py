@@ -78,6 +78,64 @@ def _quote(path: str) -> str:
     return path if re.fullmatch(r"[\w./\-+:@]+", path) else "'" + path.replace("'", "\\'") + "'"
 
 
+def _cfg_job(args: list[str]) -> bool:
+    """``--cfg job`` (or ``-c job``) without ``--package``: ssmspec prints the config that runs."""
+    return any(a in ("-c", "--cfg") and args[i + 1:i + 2] == ["job"] for i, a in enumerate(args)) and not any(
+        a in ("-p", "--package") for a in args)
+
+
+def _one_line(e: Exception) -> str:
+    """A Hydra composition or parse error as one line naming the key and the fix."""
+    first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
+    cause = str(e.__cause__ or "").strip().splitlines()
+    if cause and "is not in struct" in cause[0]:
+        return f"{first}: no such key; check its spelling (`python -m ssmspec run experiment=<id> --cfg job` " \
+               f"lists every key)"
+    if "no viable alternative" in first or "mismatched input" in first or "extraneous input" in first:
+        return f"cannot parse an override ({first}); see https://hydra.cc/docs/advanced/override_grammar/basic"
+    return f"{first}: {cause[0]}" if cause else first
+
+
+def _variants(overrides: list[str]) -> list[list[str]]:
+    """The runs a sweep's overrides ask for, enough to try every value once: the first value of every
+    sweep, then each other value of one sweep at a time (not the whole product)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    choices = [[f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()] if ov.is_sweep_override()
+               else [ov.input_line] for ov in parsed]
+    base = [c[0] for c in choices]
+    out = [base]
+    for i, c in enumerate(choices):
+        out += [base[:i] + [v] + base[i + 1:] for v in c[1:]]
+    return out
+
+
+def _precheck(overrides: list[str], *, multirun: bool) -> list:
+    """Compose and validate every run the overrides ask for before Hydra starts any (one ``error:`` line
+    for a bad key, type or value, never a half-started sweep); returns the prepared configs."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from ssmspec.runner import prepare
+
+    cfgs = []
+    quiet = logging.getLogger("ssmspec")  # the job logs what prepare decides; once is enough
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)
+    try:
+        variants = _variants(overrides) if multirun else [overrides]
+        with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3", job_name="precheck"):
+            for ov in variants:
+                cfgs.append(prepare(compose("config", overrides=ov), cli_overrides=ov)[0])
+    except (HydraException, OmegaConfBaseException) as e:
+        raise ValueError(_one_line(e)) from e
+    finally:
+        quiet.setLevel(level)
+    return cfgs
+
+
 def _prune_empty(path: Path, stop: Path) -> None:
     """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
     path, stop = path.absolute(), stop.absolute()
@@ -159,6 +217,21 @@ def cmd_run(argv: list[str]) -> int:
     from ssmspec.config import register_configs
 
     register_configs()
+    task = [a for a in args if "=" in a and not a.startswith("-") and not re.match(r"\+*hydra[./]", a)]
+    if "--hydra-help" in args:  # Hydra's help composes no experiment: task overrides only confuse it
+        args = [a for a in args if a not in task]
+    elif not inspect_only or _cfg_job(args):
+        try:
+            cfgs = _precheck(task, multirun=multirun)
+        except ValueError as e:
+            return _error(str(e))
+        if _cfg_job(args) and not multirun:  # what runs: profile_overrides merged, auto values resolved
+            from omegaconf import OmegaConf
+
+            print(OmegaConf.to_yaml(cfgs[0]), end="")
+            return 0
+    if any(a in ("-i", "--info") for a in args):
+        logging.getLogger().handlers.clear()  # Hydra's --info adds its own stdout handler: print once
     _STATE.__init__(results_path)
     main = hydra.main(version_base="1.3", config_path=str(paths.CONF_DIR), config_name="config")(_job)
     saved = sys.argv

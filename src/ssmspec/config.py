@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -52,15 +54,89 @@ def _plain(node) -> dict:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
 
 
+# range checks -----------------------------------------------------------------------------------
+# ModelConfig fields that size a tensor or divide another (0 would divide by zero or build an empty layer)
+_MODEL_POSITIVE = ("d_model", "vocab_size", "ssm_heads", "head_dim", "state_size", "n_groups", "conv_kernel",
+                   "chunk_size", "n_heads", "n_kv_heads", "attn_head_dim", "d_ff", "top_k", "moe_d_ff",
+                   "n_expert_groups", "topk_groups", "max_seq_len", "norm_eps", "rope_theta", "routed_scaling")
+_MODEL_NON_NEGATIVE = ("n_experts", "shared_d_ff", "dt_min_limit", "pad_token_id", "bos_token_id", "eos_token_id")
+# data fields: (minimum, may be null)
+_DATA_RANGES = {"num_prompts": (1, True), "max_prompt_len": (1, True), "prompt_len": (1, False),
+                "min_token_id": (0, False), "seed": (0, False), "turn": (1, False)}
+
+
+def _number(where: str, value, *, minimum: float, integer: bool = False, strict: bool = False) -> None:
+    """``value`` is a number (an integer when ``integer``) >= ``minimum`` (> when ``strict``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ValueError(f"{where} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if value != value or value < minimum or (strict and value == minimum):  # NaN compares false with all
+        raise ValueError(f"{where} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+
+
+def check_model_fields(data: dict, where: str = "model") -> None:
+    """Ranges of the numeric ModelConfig fields in ``data`` (before the dataclass divides by any of them)."""
+    for name in _MODEL_POSITIVE:
+        if name in data:
+            integer = isinstance(getattr(ModelConfig, name), int)
+            _number(f"{where}.{name}", data[name], minimum=1 if integer else 0, integer=integer, strict=not integer)
+    for name in _MODEL_NON_NEGATIVE:
+        if name in data:
+            _number(f"{where}.{name}", data[name], minimum=0, integer=name.endswith("_id") or "d_ff" in name)
+    if data.get("dt_max_limit", math.inf) <= data.get("dt_min_limit", 0.0):
+        raise ValueError(f"{where}.dt_max_limit must be above dt_min_limit, got {data['dt_max_limit']!r}")
+
+
+def _check_bench(node, where: str = "bench") -> None:
+    """Every number under ``bench`` is finite and >= 0 (grid sizes, counts, probabilities, timings)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            _check_bench(value, f"{where}.{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_bench(value, f"{where}[{i}]")
+    elif isinstance(node, (int, float)) and not isinstance(node, bool):
+        if not math.isfinite(node) or node < 0:
+            raise ValueError(f"{where} must be a finite number >= 0, got {node!r}")
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Type and range of every number a run reads, before anything runs: model, sampling, data, bench,
+    seed, and results_dir naming a directory (or nothing yet)."""
+    _number("seed", cfg.get("seed", 0), minimum=0, integer=True)
+    results_dir = cfg.get("results_dir")
+    if results_dir and Path(str(results_dir)).exists() and not Path(str(results_dir)).is_dir():
+        raise ValueError(f"results_dir={results_dir} is a file, not a directory; name a directory")
+    model_config(cfg)
+    sampling_config(cfg)
+    data = _plain(cfg.get("data"))
+    for name, (minimum, nullable) in _DATA_RANGES.items():
+        if name in data and not (nullable and data[name] is None):
+            _number(f"data.{name}", data[name], minimum=minimum, integer=True)
+    if data.get("turn", 1) not in (1, 2):
+        raise ValueError(f"data.turn must be 1 or 2 (MT-Bench has two turns), got {data['turn']!r}")
+    bench = _plain(cfg.get("bench"))
+    _check_bench(bench)
+    for name, minimum in (("iters", 1), ("warmup", 0), ("cpu_threads", 1)):
+        if bench.get(name) is not None:
+            _number(f"bench.{name}", bench[name], minimum=minimum, integer=True)
+
+
 # typed views ------------------------------------------------------------------------------------
 def model_config(cfg: DictConfig, **overrides) -> ModelConfig:
-    """The ``ModelConfig`` of ``cfg.model`` (with field overrides)."""
-    return ModelConfig.from_dict({**_plain(cfg.model), **overrides})
+    """The ``ModelConfig`` of ``cfg.model`` (with field overrides); numbers out of range raise ValueError."""
+    data = {**_plain(cfg.model), **overrides}
+    check_model_fields(data)
+    return ModelConfig.from_dict(data)
 
 
 def sampling_config(cfg: DictConfig) -> SamplingConfig:
-    """The ``SamplingConfig`` of ``cfg.sampling``; out-of-range values raise ValueError."""
-    return SamplingConfig(**_plain(cfg.get("sampling")))
+    """The ``SamplingConfig`` of ``cfg.sampling``; unknown fields and out-of-range values raise ValueError."""
+    data = _plain(cfg.get("sampling"))
+    fields = {f.name for f in dataclasses.fields(SamplingConfig)}
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise ValueError(f"sampling has no field {unknown[0]!r}; its fields: {', '.join(sorted(fields))}")
+    return SamplingConfig(**data)
 
 
 def build_strategy(cfg: DictConfig):

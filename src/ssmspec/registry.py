@@ -21,6 +21,8 @@ import yaml
 from ssmspec import paths
 
 REQUIRED = ("id", "title", "bench", "plot", "profiles")
+# what an experiment may list under `reads:` (the settings its bench function reads besides `bench`)
+READABLE = ("model", "strategy", "drafter", "verify", "data", "sampling", "seed", "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,13 @@ class Experiment:
     plot: str  # "module:function" drawing one PNG from rows
     profiles: tuple[str, ...]  # profiles in which `make reproduce` runs it
     needs_gpu: bool = False  # refuse to run without CUDA
+    # settings outside `bench` the bench function reads (READABLE roots or dotted keys such as data.seed);
+    # an override of anything else is refused. None (no `reads:` in the file): every override passes.
+    reads: tuple[str, ...] | None = None
+    # the keys `bench.*` may hold: the shared conf/bench/default.yaml, the experiment's `bench:` block, its
+    # profile_overrides and `bench_keys:` (optional keys the file leaves unset), as a nested mapping
+    # {key: declared value}; a value's type is what an override must have (None: any)
+    bench_schema: dict = field(default_factory=dict, compare=False)
     path: Path = field(default=Path(), compare=False)
 
     def bench_fn(self) -> Callable:
@@ -69,8 +78,50 @@ def _read(path: Path) -> Experiment:
     bad = [p for p in profiles if p not in ("cpu", "gpu")]
     if bad:
         raise ValueError(f"{path}: profiles may be cpu and gpu, got {bad}")
+    reads = block.get("reads")
+    if reads is not None:
+        bad = [r for r in reads if str(r).split(".")[0] not in READABLE]
+        if not isinstance(reads, list) or bad:
+            raise ValueError(f"{path}: experiment.reads lists settings the bench reads, from {', '.join(READABLE)} "
+                             f"(or dotted keys such as data.seed); got {bad or reads!r}")
+        reads = tuple(str(r) for r in reads)
     return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
-                      profiles=profiles, needs_gpu=bool(block.get("needs_gpu", False)), path=path)
+                      profiles=profiles, needs_gpu=bool(block.get("needs_gpu", False)), reads=reads,
+                      bench_schema=_bench_schema(path, data, block), path=path)
+
+
+def _merge_schema(into: dict, extra: dict) -> None:
+    """Add the keys of ``extra`` to ``into``. A null declaration takes the type of another one; a key
+    declared with two different types is left untyped (None)."""
+    for key, value in extra.items():
+        if key not in into or into[key] is None:
+            into[key] = value
+        elif isinstance(into[key], dict) and isinstance(value, dict):
+            _merge_schema(into[key], value)
+        elif value is not None and _kind(into[key]) != _kind(value):
+            into[key] = None
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    return type(value).__name__
+
+
+def _bench_schema(path: Path, data: dict, block: dict) -> dict:
+    schema = yaml.safe_load((paths.CONF_DIR / "bench" / "default.yaml").read_text()) or {}
+    _merge_schema(schema, data.get("bench") or {})
+    for profile, extra in (data.get("profile_overrides") or {}).items():
+        if not isinstance(extra, dict):
+            raise ValueError(f"{path}: profile_overrides.{profile} must be a mapping of bench keys")
+        _merge_schema(schema, extra)
+    keys = block.get("bench_keys") or []
+    if not isinstance(keys, list):
+        raise ValueError(f"{path}: experiment.bench_keys lists optional bench keys, got {keys!r}")
+    _merge_schema(schema, {str(k): None for k in keys if str(k) not in schema})
+    return schema
 
 
 def experiment_ids() -> list[str]:

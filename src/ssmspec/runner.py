@@ -3,10 +3,13 @@
 ``run_experiment(cfg, out_dir)`` is what ``python -m ssmspec run experiment=<id>`` executes inside its
 Hydra job (and what tests call directly on a config composed with Hydra's compose API):
 
-1. validate and resolve the config: the experiment exists and its functions import; profile, device,
-   dtype and ``cuda_graph`` fit this machine; the model preset and sampling settings are valid; the
-   experiment's ``profile_overrides[profile]`` is merged into ``bench`` (command-line ``bench.*``
-   overrides still win). Any problem raises ``UserError`` before a file is written.
+1. validate and resolve the config: the experiment exists and its functions import; every command-line
+   override is one the experiment honours (``check_overrides``: declared bench keys with the declared
+   types, settings listed in ``experiment.reads``, no ``+key`` that no config has); profile, device, dtype
+   and ``cuda_graph`` fit this machine; the experiment's ``profile_overrides[profile]`` is merged into
+   ``bench`` (command-line ``bench.*`` overrides still win; ``model=<preset>`` replaces ``bench.presets``);
+   every number of the model, sampling, data and bench settings is in range (``config.check_values``).
+   Any problem raises ``UserError`` before a file is written.
 2. write config.yaml (fully resolved) and env.json into a temporary directory inside ``out_dir``,
    then stream the bench function's rows into results.jsonl, one JSON line per measurement, adding
    the columns experiment, run_id, profile, device, device_name and weights;
@@ -14,6 +17,7 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -39,16 +43,117 @@ class UserError(ValueError):
 
 
 # 1. validation ------------------------------------------------------------------------------------
-def _parse_bench_overrides(overrides: list[str]) -> list[tuple[str, object]]:
-    """Command-line overrides of ``bench.*`` keys as (key, value), to re-apply after profile merges."""
+# top-level settings every experiment honours (the runner reads them itself)
+ALWAYS = ("experiment", "profile", "device", "dtype", "results_dir", "profile_overrides", "hydra")
+GROUP_KEYS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment")
+
+
+def _parse(overrides: list[str]):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
+    return OverridesParser.create().parse_overrides(list(overrides))
+
+
+def _parse_bench_overrides(overrides: list[str]) -> list[tuple[str, object]]:
+    """Command-line overrides of ``bench.*`` keys as (key, value), to re-apply after profile merges."""
     out = []
-    for ov in OverridesParser.create().parse_overrides(list(overrides)):
+    for ov in _parse(overrides):
         key = ov.key_or_group
         if key.startswith("bench.") and not ov.is_delete() and not ov.is_sweep_override():
             out.append((key, ov.value()))
     return out
+
+
+def _reads(exp: Experiment, key: str) -> bool:
+    """Whether ``exp`` reads the setting ``key`` (a group selection such as ``data`` needs the whole group)."""
+    return exp.reads is None or any(key == r or key.startswith(r + ".") for r in exp.reads)
+
+
+def _check_bench_key(exp: Experiment, key: str, value, *, typed: bool) -> None:
+    node = exp.bench_schema
+    parts = key.split(".")[1:]
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            here = ".".join(["bench", *parts[:i]])
+            known = ", ".join(sorted(node)) if isinstance(node, dict) else "none (not a mapping)"
+            raise UserError(f"experiment {exp.id!r} has no setting {key}; keys of {here}: {known} (an experiment "
+                            f"declares its bench keys in conf/experiment/{exp.id}.yaml, see experiments/README.md)")
+        node = node[part]
+    if typed:
+        _check_type(key, node, value)
+
+
+def _check_type(key: str, declared, value) -> None:
+    """``value`` has the type the experiment file declares for ``key`` (numbers, booleans, mappings and the
+    elements of number lists are checked; a string or null declaration accepts anything)."""
+    def kind(v):
+        return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "number" if isinstance(
+            v, float) else "list" if isinstance(v, list) else "mapping" if isinstance(v, dict) else "str"
+
+    if value is None or declared is None or isinstance(declared, str):
+        return
+    want, got = kind(declared), kind(value)
+    if want == "number" and got == "int":
+        return
+    if want != got:
+        raise UserError(f"{key} must be {'an' if want[0] in 'ai' else 'a'} {want} like {declared!r}, got {value!r}")
+    if want == "list" and declared and all(kind(d) in ("int", "number") for d in declared):
+        elem = "number" if any(kind(d) == "number" for d in declared) else "int"
+        bad = [v for v in value if not (kind(v) == elem or (elem == "number" and kind(v) == "int"))]
+        if bad:
+            raise UserError(f"{key} must be a list of {elem}s like {declared!r}, got {value!r}")
+
+
+def check_overrides(exp: Experiment, overrides: list[str]) -> None:
+    """Refuse, with the fix, an override the run would not honour: a key the experiment does not declare
+    (``bench.*``), a setting its bench does not read (``experiment.reads``), a key added with ``+`` that no
+    config has, or a value of the wrong type."""
+    from ssmspec.models.config import ModelConfig
+    from ssmspec.verify.distributions import SamplingConfig
+
+    schema_fields = {"model": ModelConfig, "sampling": SamplingConfig}
+    for ov in _parse(overrides):
+        key = ov.key_or_group
+        root = key.split(".")[0]
+        if root in ALWAYS:
+            continue
+        group_choice = root in GROUP_KEYS and "." not in key
+        if root == "bench":
+            if not group_choice:
+                typed = not (ov.is_delete() or ov.is_sweep_override())
+                _check_bench_key(exp, key, ov.value() if typed else None, typed=typed)
+            continue
+        if (ov.is_add() or ov.is_force_add()) and root in schema_fields:
+            fields = ", ".join(f.name for f in dataclasses.fields(schema_fields[root]))
+            raise UserError(f"{root} has no field {key.partition('.')[2]!r}; its fields: {fields}")
+        if ov.is_add() or ov.is_force_add():
+            raise UserError(f"{ov.input_line}: {key!r} is not a setting of any config (a misspelt name?); "
+                            f"`python -m ssmspec run experiment={exp.id} --cfg job` lists them")
+        if root == "model" and "presets" in exp.bench_schema:
+            if not group_choice:
+                raise UserError(f"{key} changes nothing in experiment {exp.id!r}: it builds every preset of "
+                                f"bench.presets from conf/model/<preset>.yaml; add a preset file with the change, "
+                                f"or pass a checkpoint=")
+            continue  # model=<preset> becomes bench.presets=[<preset>] (prepare)
+        if not _reads(exp, key):
+            what = f"{root}=" if group_choice else key
+            reads = ", ".join(exp.reads or ()) or "only its bench.* keys"
+            raise UserError(f"experiment {exp.id!r} does not read {what} (it reads {reads}); drop {ov.input_line}")
+
+
+def _model_choice(exp: Experiment, overrides: list[str]) -> str | None:
+    """``model=<preset>`` typed for an experiment that sweeps ``bench.presets``: that preset alone wins
+    (the README's ``model=tiny-hybrid``); typed together with ``bench.presets`` it is refused."""
+    if "presets" not in exp.bench_schema:
+        return None
+    parsed = list(_parse(overrides))
+    choice = next((ov for ov in parsed if ov.key_or_group == "model" and not ov.is_delete()), None)
+    if choice is None:
+        return None
+    if any(ov.key_or_group == "bench.presets" for ov in parsed):
+        raise UserError(f"{choice.input_line} and bench.presets=... both choose the models of {exp.id!r}; keep one "
+                        f"(model=<preset> runs that preset alone)")
+    return None if choice.is_sweep_override() else str(choice.value())
 
 
 def prepare(cfg: DictConfig, *, cli_overrides: list[str] = ()) -> tuple[DictConfig, Experiment]:
@@ -67,6 +172,7 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
         raise UserError("no experiment chosen: add experiment=<id> (`python -m ssmspec list` shows the ids)")
     exp = get_experiment(block.id)
     exp.bench_fn(), exp.plot_fn()  # import errors surface now, not after the run
+    check_overrides(exp, cli_overrides)
     if exp.needs_gpu and not C.cuda_available():
         raise UserError(f"experiment {exp.id!r} needs a CUDA GPU and this machine has none; run it on a GPU "
                         f"machine (`make reproduce` skips it on the cpu profile)")
@@ -80,9 +186,12 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
             cfg.bench = OmegaConf.merge(cfg.bench, extra)
         for key, value in _parse_bench_overrides(cli_overrides):
             OmegaConf.update(cfg, key, value, merge=False)
+        preset = _model_choice(exp, cli_overrides)
+        if preset:
+            log.info("model=%s: experiment %s runs that preset alone (bench.presets=[%s])", preset, exp.id, preset)
+            cfg.bench.presets = [preset]
     C.use_cuda_graph(cfg.bench.get("cuda_graph", "auto"), device)
-    C.model_config(cfg)
-    C.sampling_config(cfg)
+    C.check_values(cfg)
     OmegaConf.resolve(cfg)
     return cfg, exp
 

@@ -19,12 +19,27 @@ CASES = [
     pytest.param([*TINY, "bench.presets=[nope]"], "unknown model preset 'nope'", id="unknown-preset-in-grid"),
     pytest.param(["profile=cpu"], "no experiment chosen", id="no-experiment"),
     pytest.param([*TINY, "strategy=nope"], "unknown strategy config 'nope'", id="unknown-strategy"),
-    pytest.param([*TINY, "sampling.temperature=-1"], "temperature must be >= 0", id="temperature"),
-    pytest.param([*TINY, "sampling.top_p=1.5"], "top_p must be in (0, 1]", id="top-p"),
-    pytest.param([*TINY, "sampling.top_k=-2"], "top_k must be >= 0", id="top-k"),
     pytest.param([*TINY, "bench.batch=[0]"], "positive sizes", id="bench-grid"),
+    pytest.param([*TINY, "bench.context=[-1]"], "bench.context[0] must be a finite number >= 0", id="bench-negative"),
+    pytest.param([*TINY, "bench.iters=0"], "bench.iters must be >= 1", id="bench-iters"),
+    pytest.param([*TINY, "bench.iters=abc"], "bench.iters must be an int like", id="bench-type"),
+    pytest.param([*TINY, "bench.batch=[1.5]"], "bench.batch must be a list of ints", id="bench-list-type"),
+    pytest.param([*TINY, "+bench.batchs=[1]"], "has no setting bench.batchs; keys of bench: batch,", id="bench-unknown"),
+    pytest.param([*TINY, "bench.batchs=[1]"], "Could not override 'bench.batchs': no such key", id="bench-misspelt"),
     pytest.param([*TINY, "no_such_key=1"], "Could not override 'no_such_key'", id="hydra-unknown-key"),
+    pytest.param([*TINY, "+no_such_key=1"], "'no_such_key' is not a setting of any config", id="added-unknown-key"),
     pytest.param([*TINY, "model.d_model=wide"], "d_model", id="hydra-bad-type"),
+    pytest.param([*TINY, "bench.batch=[1"], "cannot parse an override", id="hydra-parse"),
+    pytest.param([*TINY, "+sampling.temprature=0.5"], "sampling has no field 'temprature'; its fields: temperature",
+                 id="sampling-added-field"),
+    pytest.param([*TINY, "sampling.temperature=0.5"], "does not read sampling.temperature", id="not-read-sampling"),
+    pytest.param([*TINY, "data=gsm8k"], "does not read data= ", id="not-read-data"),
+    pytest.param([*TINY, "drafter=png"], "does not read drafter=", id="not-read-drafter"),
+    pytest.param([*TINY, "model.d_model=32"], "model.d_model changes nothing", id="model-field-with-presets"),
+    pytest.param([*TINY, "model=tiny-hybrid"], "both choose the models", id="model-and-presets"),
+    pytest.param([*TINY, "seed=-1"], "seed must be >= 0", id="seed"),
+    pytest.param([*TINY, "data.seed=1.5"], "data.seed must be an integer", id="data-seed"),
+    pytest.param(["experiment=kernel_parity", "checkpoint=/x"], "does not read checkpoint", id="not-read-checkpoint"),
     pytest.param([*TINY[:1], "profile=gpu"], "profile=gpu needs a CUDA device", marks=cpu_only, id="gpu-profile"),
     pytest.param([*TINY, "device=cuda"], "device=cuda needs a CUDA device", marks=cpu_only, id="cuda-device"),
     pytest.param([*TINY, "bench.cuda_graph=true"], "bench.cuda_graph=true needs a CUDA device", marks=cpu_only,
@@ -42,11 +57,24 @@ def test_bad_run_is_one_message_and_no_directory(cli, tmp_path, args, message):
     assert not [p for p in tmp_path.rglob("*") if ".partial-" in p.name]
 
 
+def test_results_dir_that_is_a_file_is_refused(cli, tmp_path):
+    target = tmp_path / "a-file"
+    target.write_text("mine\n")
+    status, _, err = cli("run", *TINY, f"results_dir={target}")
+    assert status == 2 and "is a file, not a directory" in err and target.read_text() == "mine\n"
+
+
+def test_sweep_values_are_checked_before_any_job_runs(cli, tmp_path):
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", *TINY, "bench.iters=2,0", f"results_dir={out}")
+    assert status == 2 and err.strip() == "error: bench.iters must be >= 1, got 0" and not out.exists()
+
+
 def test_failed_run_keeps_an_existing_results_dir_untouched(cli, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "results.jsonl").write_text('{"old": 1}\n')
-    status, _, err = cli("run", *TINY, "bench.context=[-1]", f"results_dir={out}")
+    status, _, err = cli("run", *TINY, "bench.context=[0]", f"results_dir={out}")
     assert status == 2 and "positive sizes" in err
     assert [p.name for p in out.iterdir()] == ["results.jsonl"] and "old" in (out / "results.jsonl").read_text()
 
