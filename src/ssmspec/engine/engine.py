@@ -197,15 +197,22 @@ class Engine:
     @torch.no_grad()
     def time_steps(self, *, warmup: int, iters: int) -> list[float]:
         """ms per decode step: ``warmup`` untimed steps (the first one captures the graphs), then ``iters``
-        steps, each timed with CUDA events (perf_counter on CPU). Steps are real: caches grow."""
+        steps, each timed with CUDA events (perf_counter on CPU). Steps are real: caches grow. The host reads
+        each report one step late (as generate() does), so the device never waits for it; the accepted
+        counts of the timed steps are kept in ``self.accepted`` (one list per step)."""
         if iters < 1 or warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
         for _ in range(max(warmup, 1 if self.graphed else 0)):
             self.launch()
+            self.collect(keep=1)
         self.collect(keep=0)
-        samples = []
+        samples, self.accepted = [], []
         for _ in range(iters):
             self.launch()
-        for _rep, seconds in self.collect(keep=0):
+            for rep, seconds in self.collect(keep=1):
+                samples.append(seconds * 1e3)
+                self.accepted.append(rep.accepted)
+        for rep, seconds in self.collect(keep=0):
             samples.append(seconds * 1e3)
+            self.accepted.append(rep.accepted)
         return samples
