@@ -84,7 +84,6 @@ def test_launch_options_do_not_change_the_result(device, launch):
     assert_close(s, s_ref, STATE_TOL[torch.float32], "final state")
 
 
-@pytest.mark.parametrize("dtype", DTYPES[:2])
 class _SmallGpu:
     """Stands in for ``_ssd_scan_kernel``: launches that exceed a tile of ``limit`` tokens or one pipeline
     stage raise OutOfResources, as Triton does at the first launch on a GPU that cannot hold them."""
@@ -121,6 +120,7 @@ def test_defaults_step_down_where_the_gpu_cannot_hold_them(device, monkeypatch):
         run_triton(inp, block_t=64)
 
 
+@pytest.mark.parametrize("dtype", DTYPES[:2])
 def test_left_pads_leave_the_initial_state_untouched(device, dtype):
     """Pads with dt = 0 in front (a left-padded batch) change neither the state nor the later outputs."""
     inp = scan_inputs(2, 20, 4, 32, 2, 16, dtype, device, seed=3)
