@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import pickle
 from pathlib import Path
 
 import torch
@@ -62,13 +63,48 @@ def _decode_floats(obj):
     return obj
 
 
+_RESAVE = "re-save the model with save_pretrained, or re-download the checkpoint"
+
+
+def _read_json(file: Path) -> dict:
+    """A JSON object from ``file``; a truncated or hand-broken file names itself, the place and the fix."""
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}; a truncated "
+                         f"download?); fix it or {_RESAVE}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} cannot be read ({e}); {_RESAVE}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{file} holds a JSON {type(data).__name__}, not an object; {_RESAVE}")
+    return data
+
+
 def read_config_json(path: str | os.PathLike) -> dict:
     """The decoded ``config.json`` of a checkpoint directory."""
     file = Path(path) / "config.json"
     if not file.is_file():
         raise ValueError(f"{path}: no config.json; a checkpoint directory holds config.json plus its weights "
                          f"(save_pretrained output or a mamba_ssm checkpoint)")
-    return _decode_floats(json.loads(file.read_text()))
+    return _decode_floats(_read_json(file))
+
+
+# config.json fields that size the model (top level, and mamba_ssm's ssm_cfg): a value must be an integer >= 1
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_heads", "head_dim", "state_size", "n_groups", "num_hidden_layers",
+                "conv_kernel", "chunk_size", "num_attention_heads", "num_key_value_heads", "attention_head_dim",
+                "intermediate_size", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "mamba_n_groups",
+                "mamba_d_conv", "mamba_chunk_size", "moe_intermediate_size", "n_group", "topk_group",
+                "num_experts_per_tok", "max_position_embeddings", "d_model", "n_layer", "pad_vocab_size_multiple",
+                "d_state", "d_conv", "expand", "headdim", "ngroups")
+
+
+def _check_sizes(raw: dict, file: Path) -> None:
+    for where, node in (("", raw), ("ssm_cfg.", raw.get("ssm_cfg") or {})):
+        for key in _SIZE_FIELDS:
+            value = node.get(key) if isinstance(node, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{file}: field {where}{key} must be an integer >= 1, got {value!r}; fix config.json "
+                                 f"or {_RESAVE}")
 
 
 def _first_id(value, default: int) -> int:
@@ -216,11 +252,20 @@ def checkpoint_format(raw: dict) -> str:
 def config_from_checkpoint(path: str | os.PathLike, *, max_seq_len: int | None = None) -> ModelConfig:
     """The ``ModelConfig`` of a checkpoint directory (either format)."""
     raw = read_config_json(path)
-    name = Path(path).name
-    if checkpoint_format(raw) == "hf":
-        cfg = config_from_hf(raw, name=name, max_seq_len=max_seq_len)
-    else:
-        cfg = config_from_mamba_ssm(raw, name=name, max_seq_len=max_seq_len)
+    name, file = Path(path).name, Path(path) / "config.json"
+    fmt = checkpoint_format(raw)
+    _check_sizes(raw, file)
+    try:
+        if fmt == "hf":
+            cfg = config_from_hf(raw, name=name, max_seq_len=max_seq_len)
+        else:
+            cfg = config_from_mamba_ssm(raw, name=name, max_seq_len=max_seq_len)
+    except KeyError as e:  # a field the format requires (e.g. vocab_size)
+        kind = raw.get("model_type", "mamba_ssm")
+        raise ValueError(f"{file}: field {e.args[0]!r} is missing (a {kind} config.json needs it); add the value the "
+                         f"checkpoint was saved with, or {_RESAVE}") from None
+    except (TypeError, ZeroDivisionError) as e:  # a field of the wrong type that the size check does not cover
+        raise ValueError(f"{file}: a field has a value of the wrong type ({e}); fix config.json or {_RESAVE}") from None
     return cfg.replace(source=f"checkpoint {path}")
 
 
@@ -233,18 +278,34 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
         raise ValueError(f"{path}: no weights found (looked for {', '.join(_WEIGHT_FILES)}); save the model with "
                          f"save_pretrained or copy the checkpoint's weight files next to config.json")
     if found.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(found.read_text())["weight_map"].values()))
-        files = [path / s for s in shards]
+        weight_map = _read_json(found).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"{found}: no weight_map (tensor name -> shard file); {_RESAVE}")
+        files = [path / s for s in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ValueError(f"{found} lists shard(s) {_listing(absent)} that are not in {path}; copy or re-download "
+                             f"every shard")
     else:
         files = [found]
     sd: dict[str, Tensor] = {}
     for f in files:
-        if f.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            sd.update(load_file(str(f)))
-        else:
-            sd.update(torch.load(f, map_location="cpu", weights_only=True, mmap=True))
+        sd.update(_read_weights(f))
     return sd
+
+
+def _read_weights(file: Path) -> dict[str, Tensor]:
+    """The tensors of one weight file; a truncated or corrupt file is named with the fix."""
+    from safetensors import SafetensorError
+
+    try:
+        if file.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(str(file))
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except (SafetensorError, OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise ValueError(f"{file}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                         f"the file is truncated or corrupt: {_RESAVE}") from None
 
 
 def convert_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
