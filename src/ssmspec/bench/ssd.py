@@ -141,7 +141,8 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
 # ssd_kernel_blockt -----------------------------------------------------------------------------------------
 def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
     """Our kernel at every BLOCK_T x num_warps x BLOCK_P of the grid (``impl: ours``, ``block_t``,
-    ``num_warps``, ``block_p``; a null block_p is the default of ``_blocks``) and mamba_ssm once per size (``impl: mamba_ssm``)."""
+    ``num_warps``, ``block_p``; a null block_p is the default of ``_blocks``) and mamba_ssm once per size
+    (``impl: mamba_ssm``)."""
     if not (str(cfg.device).startswith("cuda") or interpret_mode()):
         raise ValueError("ssd_kernel_blockt times the Triton kernel's block sizes: run it on a GPU "
                          "(profile=gpu), or with TRITON_INTERPRET=1 set for the CPU interpreter")
@@ -151,6 +152,9 @@ def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
         if bad:
             raise ValueError(f"ssd_kernel_blockt: bench.{key} must hold powers of two >= 16 (null: the default "
                              f"block_p), got {bad}")
+    bad = [w for w in b.num_warps if int(w) not in (1, 2, 4, 8, 16)]
+    if bad:
+        raise ValueError(f"ssd_kernel_blockt: bench.num_warps must hold 1, 2, 4, 8 or 16, got {bad}")
     from ssmspec.ops.ssd.triton import _blocks
     ctx = Ctx(cfg)
     _, chunk_m, why = mamba_ssm_ops()
