@@ -169,3 +169,29 @@ def test_kernel_nemotron_h_4b_sizes(case, device):
     max_len = 8192 if case["B"] == 1 else 4096
     c = _case(Hq=32, Hkv=8, D=128, max_len=max_len, dtype=torch.bfloat16, device=device, **case)
     assert_close(_run(c, "triton"), _run(c, "reference"), ATTN_TOL[torch.bfloat16], "out")
+
+
+def test_model_decodes_on_the_fused_kernels(monkeypatch):
+    """tiny-hybrid (M, *, E blocks) generates the same greedy tokens with every op on its Triton kernel as on
+    the reference ops, and decode reached the norm and attention kernels."""
+    from ssmspec.engine.generate import generate
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+    from ssmspec.ops.attention import triton as attn_triton
+    from ssmspec.ops.norm import triton as norm_triton
+
+    model = build_model(load_preset("tiny-hybrid"), seed=0)
+    prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
+    monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "reference")
+    ref = generate(model, prompts, max_new_tokens=4, strategy="autoregressive", timing=False).sequences
+    calls: dict[str, int] = {}
+    for mod, fn in ((attn_triton, "decode_attention_triton"), (norm_triton, "add_rms_norm_triton"),
+                    (norm_triton, "gated_rms_norm_triton")):
+        def spy(*a, _orig=getattr(mod, fn), _fn=fn, **k):
+            calls[_fn] = calls.get(_fn, 0) + 1
+            return _orig(*a, **k)
+        monkeypatch.setattr(mod, fn, spy)
+    monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
+    out = generate(model, prompts, max_new_tokens=4, strategy="autoregressive", timing=False).sequences
+    assert out == ref
+    assert set(calls) == {"decode_attention_triton", "add_rms_norm_triton", "gated_rms_norm_triton"}, calls
