@@ -17,8 +17,11 @@ Every grid point is checked against the free memory before any model is built (`
 
 Rows: model, params, strategy, phase, batch, context, tokens (per timed call), dtype, timing
 (cuda_graph | eager), samples_ms and its summary (ms_p50 ...), tokens_per_s (from the median), status
-(ok | oom | skipped); decode rows on CUDA add bytes_min (weights + SSM/conv state read and written + the
-KV cache read once) and hbm_fraction = bytes_min / time / measured copy bandwidth.
+(ok | oom | skipped), impl (ssmspec | transformers); decode rows on CUDA add bytes_min (weights + SSM/conv
+state read and written + the KV cache read once), hbm_fraction = bytes_min / time / measured copy
+bandwidth, and x_weight_floor = time / the time it takes to read the weights once (weight_floor_ms).
+``bench.transformers_batch`` adds decode rows of transformers' generate() on the same architecture and
+random weights (``bench/hf_baseline.py``), the user's alternative.
 """
 from __future__ import annotations
 
@@ -118,6 +121,7 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
             current = preset
         mcfg = model.cfg
         row = {"model": mcfg.name, "params": mcfg.num_parameters(), "strategy": strategy.name, "phase": phase,
+               "impl": "ssmspec",
                "batch": bsz, "context": T, "dtype": C.dtype_name(model.dtype),
                "tokens": bsz * T if phase == "prefill" else bsz}
         if phase == "prefill" and max_tokens and bsz * T > max_tokens:
@@ -153,8 +157,45 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
         row.update(status="ok", timing=timing, **extra, **stats, samples_ms=samples,
                    tokens_per_s=row["tokens"] / (stats["ms_p50"] * 1e-3))
         if peak and phase == "decode":
-            row.update(hbm_gbps_peak=peak, hbm_fraction=hbm_fraction(row["bytes_min"], stats["ms_p50"], peak))
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            floor_ms = weights / (peak * 1e9) * 1e3  # reading every weight once at the measured bandwidth
+            row.update(hbm_gbps_peak=peak, hbm_fraction=hbm_fraction(row["bytes_min"], stats["ms_p50"], peak),
+                       weights_bytes=weights, weight_floor_ms=floor_ms, x_weight_floor=stats["ms_p50"] / floor_ms)
         log.info("%-14s %-7s B=%-3d T=%-5d %9.3f ms  %12.0f tok/s  (%s)", mcfg.name, phase, bsz, T,
                  stats["ms_p50"], row["tokens_per_s"], timing)
         yield row
     del model
+    yield from _transformers_rows(cfg, presets, device, peak)
+
+
+def _transformers_rows(cfg: DictConfig, presets: list, device: str, peak: float | None) -> Iterator[dict]:
+    """Decode rows of transformers' generate() on the same architectures (``bench.transformers_batch``)."""
+    from ssmspec.bench.hf_baseline import hf_decode_ms, hf_kernels, hf_model
+
+    b = cfg.bench
+    batches = [int(x) for x in (b.get("transformers_batch") or [])]
+    contexts = [int(x) for x in (b.get("transformers_context") or [])]
+    n_new, iters = int(b.get("transformers_tokens") or 16), max(int(b.iters) // 3, 2)
+    dtype = C.resolve_dtype(str(cfg.dtype), device)
+    for preset in presets if batches else []:
+        mcfg = C.model_config(cfg) if preset is None else load_preset(preset)
+        base = {"model": mcfg.name, "params": mcfg.num_parameters(), "strategy": "transformers", "phase": "decode",
+                "impl": "transformers", "dtype": C.dtype_name(dtype), "kernels": hf_kernels()}
+        try:
+            model = hf_model(mcfg, device=device, dtype=dtype, seed=int(cfg.seed))
+        except ValueError as e:  # an architecture transformers has no class for (MoE, RoPE hybrids)
+            yield {**base, "status": "skipped", "reason": str(e)}
+            continue
+        for bsz in batches:
+            for T in contexts:
+                row = {**base, "batch": bsz, "context": T, "tokens": bsz}
+                samples = hf_decode_ms(model, batch=bsz, context=T, new_tokens=n_new, iters=iters,
+                                       vocab=mcfg.vocab_size, seed=int(cfg.data.get("seed", 0)))
+                stats = summarize(samples)
+                row.update(status="ok", timing="eager", **stats, samples_ms=samples,
+                           tokens_per_s=bsz / (stats["ms_p50"] * 1e-3))
+                log.info("%-14s transformers decode B=%-3d T=%-5d %9.3f ms", mcfg.name, bsz, T, stats["ms_p50"])
+                yield row
+        del model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()

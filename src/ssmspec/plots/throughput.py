@@ -1,6 +1,7 @@
 """Figure of ``throughput_ar``: prefill and decode tokens/s of the autoregressive loop, one row of
 panels per model. Left: prefill tokens/s against context length, one line per batch size. Right:
-decode tokens/s against batch size, one line per context length."""
+decode tokens/s against batch size, one line per context length, and transformers' generate() on the same
+architecture (crosses) where the run measured it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,12 +41,18 @@ def plot_throughput(df: pd.DataFrame, out: Path) -> None:
     fig, axes = plt.subplots(len(models), 2, figsize=(10, 3.2 * len(models)), squeeze=False)
     for i, name in enumerate(models):
         m = data[data["model"] == name]
+        impl = m["impl"] if "impl" in m else pd.Series("ssmspec", index=m.index)
+        hf = m[impl == "transformers"]
+        m = m[impl != "transformers"]
         pre, dec = m[m["phase"] == "prefill"], m[m["phase"] == "decode"]
         ax_p, ax_d = axes[i]
         if len(pre):
             _panel(ax_p, pre, "context", "batch", "B")
         if len(dec):
             _panel(ax_d, dec, "batch", "context", "T")
+        for T, g in hf.groupby("context"):  # transformers' generate() on the same weights: the user's alternative
+            ax_d.plot(g["batch"], g["tokens_per_s"], "kx", markersize=8, label=f"transformers generate(), T={T}")
+            ax_d.legend(fontsize=7)
         ax_p.set_title(f"{name} ({_count(m['params'].iloc[0])} params) — prefill", fontsize=9)
         ax_d.set_title(f"{name} — decode (1 token / sequence / step)", fontsize=9)
         ax_p.set_ylabel("tokens / s")
