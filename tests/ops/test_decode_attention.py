@@ -65,13 +65,13 @@ def _case(*, B, rows_per_seq, L, Hq, Hkv, D, max_len, dtype, device, lengths, st
                 tree_mask=_tree_mask(rows, L, g).to(device) if tree else None, valid=valid_t)
 
 
-def _run(c: dict, backend: str, splits=None) -> torch.Tensor:
+def _run(c: dict, backend: str, splits=None, store=(None, None)) -> torch.Tensor:
     nan = backend == "triton"
     return decode_attention(c["q"], c["k"], c["v"], c["k_cache_nan" if nan else "k_cache"],
                             c["v_cache_nan" if nan else "v_cache"], c["start"], c["length"], ctx_len=c["ctx_len"],
                             scale=c["scale"], seq_index=c["seq_index"], kv_hide=c["kv_hide"],
                             tree_mask=c["tree_mask"], valid=c["valid"], backend=backend,
-                            **({"splits": splits} if splits else {}))
+                            store_k=store[0], store_v=store[1], **({"splits": splits} if splits else {}))
 
 
 # max_len 150: 3 blocks of 64, the last partial; lengths: none committed, a full cache, left padding
@@ -90,14 +90,25 @@ SHAPES = [
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype,masks", [
     pytest.param(torch.float32, {}, id="fp32-causal"),
-    pytest.param(torch.float32, dict(tree=True, valid=True, hide=True), id="fp32-tree-valid-hide"),
+    pytest.param(torch.float32, dict(tree=True, valid=True, hide=True, store=True), id="fp32-tree-valid-hide-store"),
     pytest.param(torch.float32, dict(valid=True, seq_index=False), id="fp32-causal-valid-noseq"),
-    pytest.param(torch.bfloat16, dict(tree=True, valid=True, hide=True), id="bf16-tree-valid-hide"),
+    pytest.param(torch.bfloat16, dict(tree=True, valid=True, hide=True, store=True), id="bf16-tree-valid-hide-store"),
     pytest.param(torch.float16, dict(valid=True, hide=True), id="fp16-causal-valid-hide"),
 ])
 def test_kernel_vs_twin(shape, dtype, masks, device):
+    masks = dict(masks)
+    store = masks.pop("store", False)
     c = _case(max_len=150, dtype=dtype, device=device, **shape, **masks)
-    assert_close(_run(c, "triton"), _run(c, "reference"), ATTN_TOL[dtype], "out")
+    rows, L, Hkv, D = c["k"].shape
+    outs, stores = {}, {}
+    for backend in ("triton", "reference"):  # the pending scratch: one spare row and two spare columns
+        stores[backend] = tuple(torch.full((rows + 1, Hkv, L + 2, D), float("nan"), device=device, dtype=dtype)
+                                for _ in range(2)) if store else (None, None)
+        outs[backend] = _run(c, backend, store=stores[backend])
+    assert_close(outs["triton"], outs["reference"], ATTN_TOL[dtype], "out")
+    for got, want in zip(stores["triton"], stores["reference"]):
+        if store:  # copies: exact, and nothing written outside [:rows, :, :L]
+            torch.testing.assert_close(got, want, atol=0, rtol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("splits", [pytest.param(1, id="1split"), pytest.param(3, id="3splits"),
@@ -126,6 +137,13 @@ def test_bad_input(bad, match, device):
               device=device) | bad
     with pytest.raises(ValueError, match=match):
         _run(_case(**kw), "triton")
+
+
+def test_store_needs_both(device):
+    c = _case(B=1, rows_per_seq=1, L=1, Hq=2, Hkv=1, D=64, max_len=8, lengths=[4], starts=[0], dtype=torch.float32,
+              device=device)
+    with pytest.raises(ValueError, match="store_k and store_v"):
+        _run(c, "triton", store=(torch.zeros(1, 1, 1, 64, device=device), None))
 
 
 def _step(**kw) -> SimpleNamespace:

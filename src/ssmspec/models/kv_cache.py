@@ -41,15 +41,17 @@ class KVCache:
         if L > self.pending_k.shape[2] or Bp > self.pending_k.shape[0]:
             raise ValueError(f"model call of {Bp} rows x {L} tokens exceeds the KV scratch "
                              f"({self.pending_k.shape[0]} x {self.pending_k.shape[2]}) allocated for this run")
-        self.pending_k[:Bp, :, :L] = k.transpose(1, 2)
-        self.pending_v[:Bp, :, :L] = v.transpose(1, 2)
         ctx_len = 0 if step.prefill else min(step.kv_bound or self.max_len, self.max_len)  # host int: no sync
         args = dict(ctx_len=ctx_len, scale=scale, seq_index=step.seq_index, kv_hide=step.kv_hide,
                     tree_mask=step.tree_mask, valid=step.valid)
         if step.prefill or L > MAX_DECODE_TOKENS:  # prompts: SDPA over the call's own keys, in the input dtype
+            self.pending_k[:Bp, :, :L] = k.transpose(1, 2)
+            self.pending_v[:Bp, :, :L] = v.transpose(1, 2)
             return sdpa_attention(q, k, v, self.k, self.v, self.start, self.length, **args)
-        # decode, chains, trees: the split-K kernel on CUDA reads only each row's committed slots
-        return decode_attention(q, k, v, self.k, self.v, self.start, self.length, **args)
+        # decode, chains, trees: on CUDA one split-K kernel reads only each row's committed slots and also
+        # writes the call's keys/values into pending_k/v
+        return decode_attention(q, k, v, self.k, self.v, self.start, self.length, store_k=self.pending_k,
+                                store_v=self.pending_v, **args)
 
     def commit(self, src_row: Tensor, cols: Tensor, count: Tensor) -> None:
         """Append, for every sequence b, ``count[b]`` pending tokens of row ``src_row[b]`` taken at

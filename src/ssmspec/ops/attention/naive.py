@@ -42,12 +42,17 @@ def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Te
 def decode_attention_ref(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor,
                          length: Tensor, *, ctx_len: int, scale: float, seq_index: Tensor | None = None,
                          kv_hide: Tensor | None = None, tree_mask: Tensor | None = None,
-                         valid: Tensor | None = None) -> Tensor:
+                         valid: Tensor | None = None, store_k: Tensor | None = None,
+                         store_v: Tensor | None = None) -> Tensor:
     """q (B', L, Hq, D), k, v (B', L, Hkv, D) the call's new tokens; k_cache, v_cache (B, Hkv, max_len, D);
     start, length (B,) int: row r (sequence ``seq_index[r]``, r itself when None) sees committed slots
     start <= slot < min(length - kv_hide[r], ctx_len), plus its new keys under ``tree_mask`` (B', L, L)
     ([i, j]: token i sees token j; causal when None), columns restricted to ``valid`` (B', L). A query
-    that sees nothing attends to its own key. Returns (B', L, Hq, D) in q's dtype, computed in fp32."""
+    that sees nothing attends to its own key. ``store_k/v`` (>= B', Hkv, >= L, D) or None receive the
+    call's k, v (the cache's pending scratch). Returns (B', L, Hq, D) in q's dtype, computed in fp32."""
+    if store_k is not None:
+        store_k[:k.shape[0], :, :k.shape[1]] = k.transpose(1, 2)
+        store_v[:v.shape[0], :, :v.shape[1]] = v.transpose(1, 2)
     f = [t.float() for t in (q, k, v, k_cache, v_cache)]
     return sdpa_attention(*f, start, length, ctx_len=ctx_len, scale=scale, seq_index=seq_index, kv_hide=kv_hide,
                           tree_mask=tree_mask, valid=valid).to(q.dtype)

@@ -7,6 +7,8 @@ G heads sharing a KV head read each key once). Programs 0 .. splits-1 cut the ro
 works at any fill level and slots past the length are never read); program ``splits`` takes the call's
 own L keys under the causal / tree mask and the valid mask. Each writes an unnormalised partial output
 with its running max and sum (fp32, base-2 logits, Milakov & Gimelshein's online softmax).
+Program ``splits`` of M-block 0 also writes the call's keys/values into the cache's pending scratch
+(``store_k/v``) when given, which saves ``KVCache.attend`` two copy launches.
 Launch 2, ``_combine_kernel``, one program per (row, query head, token), merges the partials.
 
 Fixed grid and allocation sizes from host ints only (B', L, heads, ctx_len): graph-capturable. Writes
@@ -51,10 +53,11 @@ def _committed_range(row, seq_ptr, start_ptr, length_ptr, hide_ptr, ctx_len, HAS
 
 @triton.jit
 def _split_kernel(q_ptr, kc_ptr, vc_ptr, kn_ptr, vn_ptr, start_ptr, length_ptr, seq_ptr, hide_ptr, tree_ptr,
-                  valid_ptr, o_ptr, ml_ptr, L, G, Hkv, D, ctx_len, n_splits, n_mblocks, qk_scale,
+                  valid_ptr, o_ptr, ml_ptr, pk_ptr, pv_ptr, L, G, Hkv, D, ctx_len, n_splits, n_mblocks, qk_scale,
                   q_b, q_l, q_h, kc_b, kc_h, kc_s, vc_b, vc_h, vc_s, kn_b, kn_l, kn_h, vn_b, vn_l, vn_h,
                   tr_b, tr_i, tr_j, va_b, va_l, o_b, o_h, o_l, o_s, ml_b, ml_h, ml_l, ml_s,
-                  HAS_SEQ: tl.constexpr, HAS_HIDE: tl.constexpr, HAS_TREE: tl.constexpr, HAS_VALID: tl.constexpr,
+                  pk_b, pk_h, pk_l, pv_b, pv_h, pv_l, STORE_NEW: tl.constexpr, HAS_SEQ: tl.constexpr,
+                  HAS_HIDE: tl.constexpr, HAS_TREE: tl.constexpr, HAS_VALID: tl.constexpr,
                   IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
                   BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)
@@ -100,6 +103,11 @@ def _split_kernel(q_ptr, kc_ptr, vc_ptr, kn_ptr, vn_ptr, start_ptr, length_ptr, 
         mask_j = offs_j < L
         nv_mask = mask_j[:, None] & mask_d[None]
         k = tl.load(kn_ptr + row * kn_b + offs_j[:, None] * kn_l + hkv * kn_h + offs_d[None], mask=nv_mask, other=0.0)
+        v = tl.load(vn_ptr + row * vn_b + offs_j[:, None] * vn_l + hkv * vn_h + offs_d[None], mask=nv_mask, other=0.0)
+        if STORE_NEW:  # the KV cache's pending scratch, (rows, Hkv, max_new, D): saves two copy launches
+            if mb == 0:
+                tl.store(pk_ptr + row * pk_b + hkv * pk_h + offs_j[:, None] * pk_l + offs_d[None], k, mask=nv_mask)
+                tl.store(pv_ptr + row * pv_b + hkv * pv_h + offs_j[:, None] * pv_l + offs_d[None], v, mask=nv_mask)
         s = _dot(q, tl.trans(k), IEEE) * qk_scale  # (BLOCK_M, BLOCK_L)
         if HAS_TREE:
             ok = tl.load(tree_ptr + row * tr_b + t[:, None] * tr_i + offs_j[None] * tr_j, mask=mask_m[:, None] & mask_j[None],
@@ -115,7 +123,6 @@ def _split_kernel(q_ptr, kc_ptr, vc_ptr, kn_ptr, vn_ptr, start_ptr, length_ptr, 
         s = tl.where(ok, s, float("-inf"))
         m_i = tl.max(s, axis=1)  # -inf where a query sees no new key
         p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        v = tl.load(vn_ptr + row * vn_b + offs_j[:, None] * vn_l + hkv * vn_h + offs_d[None], mask=nv_mask, other=0.0)
         acc = _dot(p.to(v.dtype), v, IEEE)
         l_i = tl.sum(p, axis=1)
     o = o_ptr + row * o_b + h[:, None] * o_h + t[:, None] * o_l + split * o_s + offs_d[None]
@@ -183,12 +190,27 @@ def _check(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, st
             raise ValueError(f"{name} must have unit stride in its last (head) dim, got strides {t.stride()}")
 
 
+def _check_store(k: Tensor, store_k: Tensor | None, store_v: Tensor | None) -> None:
+    if (store_k is None) != (store_v is None):
+        raise ValueError("store_k and store_v go together: pass both or neither")
+    if store_k is None:
+        return
+    Bp, L, Hkv, D = k.shape
+    for name, t in (("store_k", store_k), ("store_v", store_v)):
+        if (t.dim() != 4 or t.shape[0] < Bp or t.shape[1] != Hkv or t.shape[2] < L or t.shape[3] != D
+                or t.stride(-1) != 1 or t.dtype != k.dtype):
+            raise ValueError(f"{name} must be ({Bp}+, {Hkv}, {L}+, {D}) in {k.dtype} with unit head-dim stride, got "
+                             f"{tuple(t.shape)} {t.dtype}")
+
+
 def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, start: Tensor,
                             length: Tensor, *, ctx_len: int, scale: float, seq_index: Tensor | None = None,
                             kv_hide: Tensor | None = None, tree_mask: Tensor | None = None,
-                            valid: Tensor | None = None, splits: int | None = None) -> Tensor:
+                            valid: Tensor | None = None, splits: int | None = None, store_k: Tensor | None = None,
+                            store_v: Tensor | None = None) -> Tensor:
     """Triton form of ``decode_attention`` (see ``ssmspec.ops.attention``)."""
     _check(q, k, v, k_cache, v_cache, start, length, seq_index, kv_hide, tree_mask, valid)
+    _check_store(k, store_k, store_v)
     Bp, L, Hq, D = q.shape
     Hkv = k.shape[2]
     G = Hq // Hkv
@@ -205,19 +227,21 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
     if Bp == 0 or L == 0:
         return out
     d_ = dummy(start)
+    store = store_k is not None
     block_d = max(16, triton.next_power_of_2(D))
     _split_kernel[(Bp * Hkv * n_mblocks, parts)](
         q, k_cache, v_cache, k, v, start, length, seq_index if seq_index is not None else d_,
         kv_hide if kv_hide is not None else d_, tree_mask if tree_mask is not None else d_,
-        valid if valid is not None else d_, o_part, ml_part, L, G, Hkv, D, ctx_len, splits, n_mblocks, scale * _LOG2E,
+        valid if valid is not None else d_, o_part, ml_part, store_k if store else d_, store_v if store else d_,
+        L, G, Hkv, D, ctx_len, splits, n_mblocks, scale * _LOG2E,
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         *(tree_mask.stride() if tree_mask is not None else (0, 0, 0)), *(valid.stride() if valid is not None else (0, 0)),
-        *o_part.stride()[:4], *ml_part.stride()[:4],
-        HAS_SEQ=seq_index is not None, HAS_HIDE=kv_hide is not None, HAS_TREE=tree_mask is not None,
-        HAS_VALID=valid is not None, IEEE=q.dtype == torch.float32 or interpret_mode(), BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
-        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_D=block_d, num_warps=4)
+        *o_part.stride()[:4], *ml_part.stride()[:4], *(store_k.stride()[:3] if store else (0, 0, 0)),
+        *(store_v.stride()[:3] if store else (0, 0, 0)), STORE_NEW=store, HAS_SEQ=seq_index is not None,
+        HAS_HIDE=kv_hide is not None, HAS_TREE=tree_mask is not None, HAS_VALID=valid is not None,
+        IEEE=q.dtype == torch.float32 or interpret_mode(), BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_D=block_d, num_warps=4)
     _combine_kernel[(Bp * Hq * L,)](o_part, ml_part, out, Hq, L, D, parts, *o_part.stride()[:4], *ml_part.stride()[:4],
                                     out.stride(0), out.stride(1), out.stride(2), BLOCK_S=triton.next_power_of_2(parts),
                                     BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2)
