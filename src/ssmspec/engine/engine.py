@@ -168,6 +168,7 @@ class Engine:
             elif self.drafter is not None:  # host drafter: eager drafts into the graph's static inputs
                 s.copy_drafts(s.draft())
             target_graph.replay()
+        self.strategy.after_step()  # host-launched work after the step, outside the graphs (usually none)
         self.launches += 1
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)

@@ -205,6 +205,10 @@ class StrategyBase:
     def commit(self, verdict, step: StepInputs) -> None:
         """Move every layer's state to the last accepted token (device-side)."""
 
+    def after_step(self) -> None:
+        """Work the host launches after every step, outside any captured graph (the engine calls it); none by
+        default. joint_attainment's eager state copy (jit_copy=False, seed 001 Table 2) is its one user."""
+
 
 def run_prefill(p: MambaParams, inp: MixerInputs, step: StepInputs, *, chunk_size: int,
                 conv_state: Tensor | None = None, ssm_state: Tensor | None = None):

@@ -20,6 +20,20 @@ b(D+1) is the extra row's and holds the committed state; at the start of each ca
 time into the D draft rows' slots (JIT state copy, Sec. 3.3), then one multi-step scan runs every row from
 its own slot; only the extra row stores its state back (``update_count``: L for it, 0 for draft rows).
 ``commit`` only records the accepted path's tokens (the next prefix), on the device. Chains only.
+
+Ablation options (seed 001 Table 2; ``make_strategy("joint_attainment", scan=..., jit_copy=...)`` or
+``strategy.scan=...`` in conf/strategy/joint_attainment.yaml). Every combination is lossless:
+
+- ``scan``: how one call's 2(1 + S) tokens run through the SSM. ``fused`` (default): the fused multi-step
+  kernel (App. A; state loaded once, only the extra row stores it). ``chunk``: the chunked SSD scan
+  (``ops.ssd``), the seed's Table 2 baseline ("Mamba-2 CS kernel"): every row's final state comes back as a
+  new tensor and the extra rows' are copied into their slots. ``loop``: 2(1 + S) launches of the
+  single-token ``selective_state_update`` over all rows (Table 1's SSU column), in place.
+- ``jit_copy``: True (default) copies the committed state into the draft rows' slots just in time, inside
+  the step (so inside its CUDA graph). False is the seed's eager copy: after the step, the host launches
+  the copy layer by layer outside the captured graph (``after_step``, which the engine calls after every
+  step), paying a launch per layer (Sec. 3.3: "captured within the kernel execution graph and therefore
+  has a reduced CPU launch overhead").
 """
 from __future__ import annotations
 
@@ -28,6 +42,8 @@ from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
 from ssmspec.ops.multistep import ssm_multistep
+from ssmspec.ops.selective_state_update import selective_state_update
+from ssmspec.ops.ssd import ssd_chunk_scan
 from ssmspec.strategies._chain_rows import chain_node_places, chain_rows, check_chain_drafts
 from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
                                      register_strategy, run_prefill)
@@ -43,6 +59,25 @@ def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:
 @register_strategy("joint_attainment")
 class JointAttainment(StrategyBase):
     """Extra re-run row per sequence attains the committed state (module doc)."""
+
+    SCANS = ("fused", "chunk", "loop")
+
+    def __init__(self, *, scan: str = "fused", jit_copy: bool = True, **unknown) -> None:
+        super().__init__()
+        if unknown:
+            raise ValueError(f"joint_attainment takes the options scan and jit_copy, not {sorted(unknown)}; "
+                             f"see conf/strategy/joint_attainment.yaml")
+        if scan not in self.SCANS:
+            raise ValueError(f"joint_attainment scan={scan!r} is not one of {', '.join(self.SCANS)}; set "
+                             f"strategy.scan to fused (the seed's kernel), chunk (its Table 2 baseline) or loop")
+        if not isinstance(jit_copy, bool):
+            raise ValueError(f"joint_attainment jit_copy must be true or false, got {jit_copy!r}")
+        self.scan, self.jit_copy = scan, jit_copy
+
+    @property
+    def options(self) -> dict:
+        """The ablation options (result rows record them)."""
+        return {"scan": self.scan, "jit_copy": self.jit_copy}
 
     def allocate(self, cfg, batch: int, spec: SpecConfig, device, dtype) -> None:
         self.check_spec(spec)
@@ -65,8 +100,9 @@ class JointAttainment(StrategyBase):
         """Prompt pass: the final state is committed into each sequence's extra-row slot; no prefix yet."""
         y, conv, ssm = run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)
         self.conv_state[p.index].copy_(conv)
-        home = torch.arange(self.batch, device=ssm.device) * (1 + self.spec.num_drafts)
-        self.ssm_state[p.index].index_copy_(0, home, ssm)
+        R = 1 + self.spec.num_drafts
+        # every slot of a sequence starts from its committed state (an eager copy runs only after steps)
+        self.ssm_state[p.index].copy_(ssm.repeat_interleave(R, 0))
         self.prefix_len.zero_()
         return y
 
@@ -98,7 +134,7 @@ class JointAttainment(StrategyBase):
                           node_row=node_row, node_col=node_col, kv_hide=plen.repeat_interleave(D + 1))
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
-        """Conv and one multi-step scan over every row; the extra row's state becomes the committed one."""
+        """Conv and the scan (``scan`` option) over every row; the extra row's state becomes the committed one."""
         i, rows, L = p.index, step.rows, step.length
         R = 1 + self.spec.num_drafts
         if step.valid is None or rows != self.batch * R or L != 2 * (1 + self.spec.draft_len):
@@ -114,16 +150,48 @@ class JointAttainment(StrategyBase):
         xbc = _roll_rows(yr, L - lead)  # (B', L, conv_dim); no-op columns hold finite junk, dt = 0 there
         x, B, C = p.split_xbc(xbc)  # (B', L, H, P), (B', L, G, N) x2
         dt = p.discretize(inp.dt, step.valid)  # (B', L, H) fp32, 0 on no-ops
-        # JIT state copy: every draft row starts from its sequence's committed (extra-row) state
-        st = self.ssm_state[i]  # (B', H, P, N)
-        extra = torch.arange(self.batch, device=dev) * R  # (B,) extra-row slots = committed states
-        drafts = (extra[:, None] + torch.arange(1, R, device=dev)[None]).reshape(-1)  # (B*D,) draft-row slots
-        st.index_copy_(0, drafts, st[extra.repeat_interleave(R - 1)])
-        uc = torch.where(torch.arange(rows, device=dev) % R == 0, L, 0)  # (B',) only extra rows store (after L)
-        y = ssm_multistep(st, x, dt, p.A, B, C, p.D, dt_softplus=False, update_count=uc, store_state=True)
+        st = self.ssm_state[i]  # (B', H, P, N) fp32: slot b*R = committed state, then the draft rows'
+        extra, drafts = self._slots(dev)
+        if self.jit_copy:  # JIT state copy: every draft row starts from its sequence's committed state
+            st.index_copy_(0, drafts, st[extra.repeat_interleave(R - 1)])
+        y = self._scan(p, st, x, dt, B, C, extra)  # (B', L, H, P)
         # the extra row's valid tokens (the prefix) advance the committed conv state, after every row read it
         conv_state_advance(self.conv_state[i], xr[extra], step.valid[extra].sum(1))
         return y.reshape(rows, L, -1)
+
+    def _slots(self, dev) -> tuple[Tensor, Tensor]:
+        """(B,) extra-row slots (the committed states) and (B*D,) draft-row slots of the state pool."""
+        R = 1 + self.spec.num_drafts
+        extra = torch.arange(self.batch, device=dev) * R
+        return extra, (extra[:, None] + torch.arange(1, R, device=dev)[None]).reshape(-1)
+
+    def _scan(self, p: MambaParams, st: Tensor, x: Tensor, dt: Tensor, B: Tensor, C: Tensor, extra: Tensor) -> Tensor:
+        """Every row from its own slot over the call; afterwards the extra rows' slots hold the state after
+        their prefix (no-op tokens carry dt = 0, so running them through changes nothing). x (B', L, H, P),
+        dt (B', L, H) discretized, B, C (B', L, G, N) -> y (B', L, H, P) in x's dtype."""
+        rows, L = x.shape[:2]
+        if self.scan == "fused":  # one launch; only the extra rows store (after all L tokens)
+            R = 1 + self.spec.num_drafts
+            uc = torch.where(torch.arange(rows, device=x.device) % R == 0, L, 0)  # (B',)
+            return ssm_multistep(st, x, dt, p.A, B, C, p.D, dt_softplus=False, update_count=uc, store_state=True)
+        if self.scan == "chunk":  # the seed's baseline: chunk scan from every slot, final states as a new tensor
+            y, final = ssd_chunk_scan(x, dt, p.A, B, C, p.D, chunk_size=self.cfg.chunk_size, initial_state=st)
+            st.index_copy_(0, extra, final[extra])  # (B, H, P, N): only the committed states are kept
+            return y.to(x.dtype)
+        # loop: one single-token launch per column, every row's slot updated in place (draft rows' slots are
+        # scratch: the next copy overwrites them)
+        return torch.stack([selective_state_update(st, x[:, t], dt[:, t], p.A, B[:, t], C[:, t], p.D)
+                            for t in range(L)], dim=1)
+
+    def after_step(self) -> None:
+        """``jit_copy=False``: the eager copy of seed 001 Sec. 3.3, launched from the host after every step,
+        outside the captured graph: per layer, the committed state into the sequence's D draft-row slots."""
+        if self.jit_copy:
+            return
+        extra, drafts = self._slots(self.ssm_state.device)
+        src = extra.repeat_interleave(self.spec.num_drafts)  # (B*D,)
+        for i in range(self.ssm_state.shape[0]):  # per layer (B', H, P, N): one gather + one scatter launch
+            self.ssm_state[i].index_copy_(0, drafts, self.ssm_state[i][src])
 
     def commit(self, verdict, step: StepInputs) -> None:
         """The accepted path's tokens (pending + accepted drafts) become the next call's prefix."""
