@@ -125,3 +125,25 @@ def test_norms_nemotron_h_4b_sizes(rows, device):
         assert_close(gated_rms_norm(y, z, wg, group_size=d_inner // groups, eps=1e-5, backend="triton"),
                      gated_rms_norm(y, z, wg, group_size=d_inner // groups, eps=1e-5, backend="reference"),
                      TOL[torch.bfloat16], "gated")
+
+
+def test_mamba_constants_prepared_once_and_rebuilt_when_weights_change():
+    """Mamba2Mixer.params() hands out the same prepared MambaParams (no -exp(A_log) per call) until a
+    weight changes: an in-place copy, a load_state_dict, or a dtype cast of the model."""
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+
+    model = build_model(load_preset("tiny-mamba2"), seed=0)
+    mixer = next(b.mixer for b in model.layers if b.kind == "M")
+    p = mixer.params()
+    assert mixer.params() is p
+    with torch.no_grad():
+        mixer.A_log.copy_(torch.zeros_like(mixer.A_log))  # A = -1
+    p2 = mixer.params()
+    assert p2 is not p and torch.equal(p2.A, -torch.ones_like(p2.A))
+    model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+    assert mixer.params() is not p2
+    model.to(torch.float64)
+    p3 = mixer.params()
+    assert p3.conv_weight.dtype == torch.float64 and p3.A.dtype == torch.float32
+    assert model.prepare() is model and mixer.params() is not p3  # prepare() rebuilds eagerly
