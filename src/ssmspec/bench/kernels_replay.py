@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from functools import partial
 
 import torch
 from omegaconf import DictConfig
@@ -71,10 +72,14 @@ def _ring_state(bsz: int, R: int, H: int, P: int, G: int, N: int, dtype, device,
 
 def replay_measure(ctx: Ctx, bsz: int, L: int, R: int, accepted: int, z: dict, **blocks) -> tuple[list[float], float,
                                                                                                    list[int]]:
-    """(ms per step samples, bytes per step, count cycle) of the replay steady state."""
+    """(ms per step samples, bytes per step, count cycle) of the replay steady state. Like the single-token
+    kernels (``Ctx.rotation``), the graph cycles through copies of the checkpoint + ring that together exceed
+    4x the L2, so small batches are not timed from L2: every cycle step runs once on each copy."""
     H, P, N, G = z["H"], z["P"], z["N"], z["G"]
     cyc = count_cycle(L, R, accepted)
-    st = _ring_state(bsz, R, H, P, G, N, ctx.dtype, ctx.device, cyc)
+    ring = bsz * R * (H * P * ctx.dtype.itemsize + 4 * H + G * N * ctx.dtype.itemsize)  # x, dt fp32, B
+    rot = ctx.rotation(state_bytes(bsz, H, P, N) + ring)
+    copies = [_ring_state(bsz, R, H, P, G, N, ctx.dtype, ctx.device, cyc) for _ in range(rot)]
     inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
     acc = torch.full((bsz,), accepted, device=ctx.device, dtype=torch.long)
     if blocks:
@@ -82,17 +87,38 @@ def replay_measure(ctx: Ctx, bsz: int, L: int, R: int, accepted: int, z: dict, *
     else:
         verify = replay_verify
 
-    def step() -> None:  # one layer of the `replay` strategy: verify (flush decided in the call), commit
+    def step(st: dict) -> None:  # one layer of the `replay` strategy: verify (flush decided in the call), commit
         verify(st["S0"], st["ring_x"], st["ring_dt"], st["ring_B"], st["head"], st["count"], inp["x"], inp["dt"],
                inp["A"], inp["B"], inp["C"], inp["D"], dt_bias=inp["dt_bias"], flush=None, **blocks)
         replay_commit(st["count"], acc)
 
     K = len(cyc)
-    samples = ctx.time(chain([step] * K), per_call=K)
+    samples = ctx.time(chain([partial(step, st) for _ in range(K) for st in copies]), per_call=K * rot)
     nbytes = bsz * replay_step_bytes(cyc, L, R, H, P, G, N, ctx.dtype.itemsize)
-    st.clear()  # free the ring and checkpoint before the next configuration allocates its own
+    copies.clear()  # free the rings and checkpoints before the next configuration allocates its own
     ctx.sync()
     return samples, nbytes, cyc
+
+
+def snapshot_measure(ctx: Ctx, bsz: int, L: int, z: dict) -> tuple[list[float], float]:
+    """(ms per call samples, bytes) of `snapshot` verify of L tokens: one state load, L snapshot stores
+    (``ssm_multistep_snapshot``), cycling pool copies that together exceed 4x the L2."""
+    H, P, N, G = z["H"], z["P"], z["N"], z["G"]
+    inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
+    sb = state_bytes(bsz, H, P, N)
+    rot = ctx.rotation(L * sb)
+    pools = [torch.randn(bsz * L, H, P, N, device=ctx.device) * 0.1 for _ in range(rot)]
+    src = torch.arange(bsz, device=ctx.device) * L  # slot of the last accepted token (any slot)
+    dst = src[:, None] + torch.arange(L, device=ctx.device)[None]  # includes src: read before stored
+
+    def snap(pool: torch.Tensor) -> None:
+        ssm_multistep_snapshot(pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"],
+                               dt_bias=inp["dt_bias"], src_slot=src, dst_slots=dst)
+
+    samples = ctx.time(chain([partial(snap, pool) for pool in pools]), per_call=rot)
+    pools.clear()
+    ctx.sync()
+    return samples, (1 + L) * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize)
 
 
 def _ssu_baselines(ctx: Ctx, bsz: int, z: dict, ssu_m, why: str, base: dict) -> Iterator[dict]:
@@ -119,7 +145,8 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
     ssu_ours (no R) and replay (per R, with ``bound_speedup`` and ``flush_period``); optional
     ``bench.sweep`` rows (impl replay-sweep) time other (BLOCK_P, num_warps) of the state kernel and
     ``bench.window_sweep`` rows (impl replay-window-sweep) other num_warps of the window kernel. GDN rows
-    for ``bench.gdn_presets`` follow (bench/kernels_gdn.py)."""
+    for ``bench.gdn_presets`` follow (bench/kernels_gdn.py), then whole engine steps for
+    ``bench.step_presets`` (impl step_autoregressive / step_replay, bench/steps_replay.py)."""
     from ssmspec.bench import kernels_gdn  # imports this module
     b = cfg.bench
     gdn = kernels_gdn.gdn_presets(b)  # refused before anything is measured
@@ -140,6 +167,9 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
             yield ctx.row(samples, nbytes, **base, impl=impl, R=R, flush_period=len(cyc),
                           bound_speedup=base_bytes / nbytes, **blocks)
     yield from kernels_gdn.buffer_rows(ctx, b, gdn)
+    from ssmspec.bench.steps_replay import step_speedup_rows  # Fig. 6 whole-step rows (bench.step_presets)
+
+    yield from step_speedup_rows(cfg)
 
 
 def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
@@ -152,25 +182,12 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
     for preset, z, bsz in mixer_grid(b):
-        H, P, N, G = z["H"], z["P"], z["N"], z["G"]
         base = dict(model=preset, batch=bsz, **z)
         yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, dict(base, S=0, L=1))
         for S in b.S:
             L = S + 1
-            inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)
-            pool = torch.randn(bsz * L, H, P, N, device=ctx.device) * 0.1
-            src = torch.arange(bsz, device=ctx.device) * L  # slot of the last accepted token (any slot)
-            dst = src[:, None] + torch.arange(L, device=ctx.device)[None]  # includes src: read before stored
-
-            def snap(pool=pool, inp=inp, src=src, dst=dst) -> None:  # one load, L snapshot stores
-                ssm_multistep_snapshot(pool, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"],
-                                       dt_bias=inp["dt_bias"], src_slot=src, dst_slots=dst)
-
-            samples = ctx.time(snap)
-            del snap, pool
-            sb = state_bytes(bsz, H, P, N)
-            yield ctx.row(samples, (1 + L) * sb + io_bytes(bsz, L, H, P, G, N, ctx.dtype.itemsize), **base,
-                          impl="snapshot", S=S, L=L)
+            samples, nbytes = snapshot_measure(ctx, bsz, L, z)
+            yield ctx.row(samples, nbytes, **base, impl="snapshot", S=S, L=L)
             for R in b.R:
                 if R < L:
                     continue

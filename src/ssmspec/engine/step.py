@@ -181,15 +181,20 @@ class DecodeStep:
         if s.q is not None:
             s.q.copy_(drafts.q)
 
-    def target_step(self) -> None:
-        """Layout -> model -> verify -> commit -> append (device ops only; see module doc)."""
-        drafts, strat = self.drafts, self.strategy
-        step = strat.layout(self.pending, drafts, self.seq_len)
+    def forward(self) -> tuple[StepInputs, Tensor]:
+        """Layout -> model: the verify forward of one step, (its StepInputs, logits (rows, L, V)); the first half
+        of ``target_step``, on its own so step-time benchmarks can time the model call alone."""
+        step = self.strategy.layout(self.pending, self.drafts, self.seq_len)
         if self.grow_bound:
             self.kv_bound = min(self.kv_bound + self.spec.nodes + 1, self.kv_capacity)
         step.kv_bound = self.kv_bound
         self.ctx.step = step
-        logits = self.model(step.input_ids, self.ctx)
+        return step, self.model(step.input_ids, self.ctx)
+
+    def target_step(self) -> None:
+        """Layout -> model -> verify -> commit -> append (device ops only; see module doc)."""
+        drafts, strat = self.drafts, self.strategy
+        step, logits = self.forward()
         verdict = self.verifier.verify(step.gather_nodes(logits), drafts, self.generator)
         strat.commit(verdict, step)
         if self.kv:

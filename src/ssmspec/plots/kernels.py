@@ -142,7 +142,12 @@ def plot_replay_speedup(df: pd.DataFrame, out: Path) -> None:
     sp = pd.DataFrame(rows)
     if sp.empty:
         raise ValueError("replay_fig6_speedup: no replay/baseline pairs to plot")
-    fig, ax = plt.subplots(figsize=(8, 3.6))
+    steps = data[data["impl"].isin(["step_autoregressive", "step_replay"])]
+    if len(steps):
+        fig, (ax, axs) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+        _step_speedup(axs, steps)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 3.6))
     keys = list(dict.fromkeys(zip(sp["model"], sp["R"])))
     pos = {key: i for i, key in enumerate(keys)}  # a bar sits at its (model, R) even where a baseline is missing
     labels = [f"{m}\nR={int(R)}" for m, R in keys]
@@ -158,7 +163,27 @@ def plot_replay_speedup(df: pd.DataFrame, out: Path) -> None:
     ax.set_ylabel("SSM kernel speedup")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
-    _finish(fig, data, "ReplaySSM standard decode, kernel speedup (seed 000, Fig. 6 kernel part)", out)
+    _finish(fig, data, "ReplaySSM standard decode: kernel and whole-step speedup (seed 000, Fig. 6)", out)
+
+
+def _step_speedup(ax, steps: pd.DataFrame) -> None:
+    """Whole engine step: autoregressive ms / replay ms per model, with the P5 goal and the paper's range."""
+    names, vals = [], []
+    for model, m in steps.groupby("model", sort=False):
+        ar, rep = m[m["impl"] == "step_autoregressive"], m[m["impl"] == "step_replay"]
+        if len(ar) and len(rep):
+            names.append(f"{model}\nR={int(rep['R'].iloc[0])}, batch {int(rep['batch'].iloc[0])}")
+            vals.append(ar["ms_p50"].iloc[0] / rep["ms_p50"].iloc[0])
+    bars = ax.bar(range(len(vals)), vals, color="C2")
+    ax.bar_label(bars, fmt="%.2fx", fontsize=7)
+    ax.axhspan(1.20, 1.48, color="k", alpha=0.1, label="paper 1.20-1.48x")
+    ax.axhline(1.45, color="r", lw=1, ls=":", label="goal P5 1.45x")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(range(len(names)), names, fontsize=7)
+    ax.set_ylabel("whole-step speedup")
+    ax.set_title("engine step, replay over autoregressive", fontsize=8)
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def plot_verify_cost(df: pd.DataFrame, out: Path) -> None:
