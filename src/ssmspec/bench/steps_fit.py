@@ -24,12 +24,11 @@ import logging
 from collections.abc import Iterator
 
 import numpy as np
-import torch
 from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.steps import random_drafter, step_engine, step_row
-from ssmspec.bench.steps_replay import forward_samples, model_for, point_fits
+from ssmspec.bench.steps_replay import forward_samples, model_for, point_fits, release
 from ssmspec.bench.timing import summarize
 from ssmspec.engine.memory import fmt_bytes
 from ssmspec.models.config import load_preset
@@ -117,9 +116,9 @@ def run_runtime_fit(cfg: DictConfig) -> Iterator[dict]:
                 yield call_row
                 yield row
                 del eng
-                if device.startswith("cuda"):
-                    torch.cuda.empty_cache()
+                release(device)
         del model
+        release(device)
         yield from _fit_rows(preset, tokens, medians, tree=str(b.tree_strategy), chain=str(b.chain_strategy),
                              n1=int(b.n1))
 

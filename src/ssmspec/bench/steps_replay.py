@@ -20,6 +20,7 @@ call them (``STATE_OPS``, ``ATTENTION_OPS``). Points whose weights + caches cann
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import logging
 import sys
@@ -72,6 +73,14 @@ def model_for(cfg: DictConfig, preset: str, max_context: int):
     need = max_context + 64
     mcfg = load_preset(preset)
     return C.make_model(cfg, preset=preset, max_seq_len=max(need, mcfg.max_seq_len))
+
+
+def release(device: str) -> None:
+    """Give a finished engine's caches and graph pools back to the driver, so the next engine's memory check
+    (``engine.memory.check_fits``: the driver's free bytes) sees them free."""
+    gc.collect()
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 # kernel classification ---------------------------------------------------------------------------------
@@ -235,8 +244,10 @@ def run_breakdown(cfg: DictConfig) -> Iterator[dict]:
             log.info("%s %s B=%d T=%d: %.3f ms, ssm %.0f%% attention %.0f%%", preset, strategy, bsz, T,
                      row["ms_p50"], 100 * row["ssm_share"], 100 * row["attention_share"])
             del eng
+            release(device)
             yield row
         del model
+        release(device)
 
 
 # Fig. 6, whole step ------------------------------------------------------------------------------------
@@ -269,7 +280,9 @@ def step_speedup_rows(cfg: DictConfig) -> Iterator[dict]:
                            context=T, R=R if strategy == "replay" else None, L=1, status="ok",
                            dtype=C.dtype_name(model.dtype))
             del eng
+            release(device)
         del model
+        release(device)
 
 
 # Fig. 10 -----------------------------------------------------------------------------------------------
@@ -326,4 +339,6 @@ def run_propagation(cfg: DictConfig) -> Iterator[dict]:
                        **summarize(fwd), "samples_ms": fwd, "impl": f"forward_{strategy}", "stage": "forward"}
                 yield row
                 del eng
+                release(ctx.device)
         del model
+        release(ctx.device)
