@@ -18,7 +18,8 @@ CASES = [
     pytest.param("kernel_parity", [], {"ours", "mamba_ssm"}, id="kernel_parity"),
     pytest.param("snl_tab1_kernels", ["bench.L=[1,3]"],
                  {"loop_ours", "loop_mamba_ssm", "chunk_scan_mamba_ssm", "fused_ours"}, id="snl_tab1_kernels"),
-    pytest.param("replay_fig6_speedup", ["bench.R=[4]"], {"ssu_mamba_ssm", "ssu_ours", "replay"}, id="fig6"),
+    pytest.param("replay_fig6_speedup", ["bench.R=[4]", "bench.step_presets=[]"],  # step rows: test_step_experiments
+                 {"ssu_mamba_ssm", "ssu_ours", "replay"}, id="fig6"),
     pytest.param("replay_fig7_buffer", ["bench.R=[2,5]"], {"ssu_mamba_ssm", "ssu_ours", "replay"}, id="fig7"),
     pytest.param("replay_fig9_verify_cost", ["bench.S=[1,2]", "bench.R=[3,6]"],
                  {"ssu_mamba_ssm", "ssu_ours", "snapshot", "replay"}, id="fig9"),
