@@ -223,3 +223,18 @@ def test_joint_attainment_options_device_side_meta(scan, jit_copy):
 def test_joint_attainment_bad_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
         make_strategy("joint_attainment", **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("scan, jit_copy", JA_OPTIONS)
+def test_joint_attainment_options_captured_equal_autoregressive(scan, jit_copy):
+    """On the GPU, captured as a CUDA graph (Triton kernels; the eager copy launched between replays):
+    every option combination decodes what eager autoregressive decodes (fp32 tiny hybrid, 2 chains of 3)."""
+    model = build_model(load_preset("tiny-hybrid"), seed=0, device="cuda", dtype=torch.float32)
+    prompts = [[(7 * b + 3 * i) % 200 + 3 for i in range(5 + 4 * b)] for b in range(3)]
+    ref = generate(model, prompts, max_new_tokens=20, cuda_graph=False).sequences
+    drafter = Oracle(p=0.6, draft_len=3, num_drafts=2, reference=ref, vocab_size=model.cfg.vocab_size, seed=5)
+    out = generate(model, prompts, max_new_tokens=20, drafter=drafter, cuda_graph=True,
+                   strategy=make_strategy("joint_attainment", scan=scan, jit_copy=jit_copy))
+    assert out.cuda_graph and out.sequences == ref

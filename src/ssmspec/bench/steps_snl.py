@@ -98,7 +98,8 @@ def check_grid_fits(cfg: DictConfig, presets: list, *, batch: int, context: int,
 
 
 class _Models:
-    """One model at a time: the previous one is freed before the next is built (13b bf16 is 26 GB)."""
+    """One model at a time: the previous one is freed before the next is built (13b bf16 is 26 GB). Callers
+    pass ``get(preset)`` straight on and keep no reference of their own, so the old model can go."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg, self.model, self.preset = cfg, None, object()
@@ -130,8 +131,9 @@ def time_step(model, strategy, *, drafts: int, S: int, s: dict, **fields) -> dic
     row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(model.device) if cuda else None
     row["status"] = "ok"
     del eng
-    if cuda:  # drop the engine (and its graphs' memory pool) before the next one's peak is measured
+    if cuda:  # give the engine (and its graphs' pool) back to the driver before the next one's check and peak
         gc.collect()
+        torch.cuda.empty_cache()
     return row
 
 
@@ -166,13 +168,12 @@ def run_snl_tab2(cfg: DictConfig) -> Iterator[dict]:
     points = [(p, sc, jc) for p in s["presets"] for sc in [None, *scans] for jc in ([None] if sc is None else copies)]
     ar = None
     for preset, scan, jit in track(points, desc="snl_tab2", total=len(points)):
-        model = models.get(preset)
         if scan is None:
-            ar = _ar_row(model, s)
+            ar = _ar_row(models.get(preset), s)
             yield {**ar, "variant": "autoregressive", "paper_row": "Mamba-2 (no speculation)"}
             continue
         strat = make_strategy("joint_attainment", scan=scan, jit_copy=jit)
-        row = time_step(model, strat, drafts=drafts, S=S, s=s,
+        row = time_step(models.get(preset), strat, drafts=drafts, S=S, s=s,
                         variant=f"{scan} scan, {'JIT' if jit else 'eager'} copy", paper_row=PAPER_TAB2.get((scan, jit)))
         yield _with_ar(row, ar)
 
@@ -188,12 +189,11 @@ def run_snl_tab3(cfg: DictConfig) -> Iterator[dict]:
     points = [pt for p in s["presets"] for pt in [(p, None, 0, 0)] + [(p, n, d, k) for d in D for k in S for n in names]]
     ar = None
     for preset, name, d, k in track(points, desc="snl_tab3", total=len(points)):
-        model = models.get(preset)
         if name is None:
-            ar = _ar_row(model, s)
+            ar = _ar_row(models.get(preset), s)
             yield ar
         else:
-            yield _with_ar(time_step(model, name, drafts=d, S=k, s=s), ar)
+            yield _with_ar(time_step(models.get(preset), name, drafts=d, S=k, s=s), ar)
 
 
 def run_snl_tab4(cfg: DictConfig) -> Iterator[dict]:
@@ -209,9 +209,8 @@ def run_snl_tab4(cfg: DictConfig) -> Iterator[dict]:
     points = [(p, n) for p in s["presets"] for n in [None, *names]]
     ar = None
     for preset, name in track(points, desc="snl_tab4", total=len(points)):
-        model = models.get(preset)
         if name is None:
-            ar = _ar_row(model, s)
+            ar = _ar_row(models.get(preset), s)
             yield ar
         else:
-            yield _with_ar(time_step(model, name, drafts=drafts, S=S, s=s), ar)
+            yield _with_ar(time_step(models.get(preset), name, drafts=drafts, S=S, s=s), ar)
