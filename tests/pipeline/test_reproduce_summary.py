@@ -105,9 +105,9 @@ def test_a_gpu_row_skipped_for_a_missing_baseline_fails_unless_allowed(profile, 
 
 
 @pytest.mark.parametrize("profile, argv, status", [
-    pytest.param("gpu", [], 1, id="gpu"),
-    pytest.param("gpu", ["--allow-missing-baselines"], 0, id="gpu-allowed"),
-    pytest.param("cpu", [], 0, id="cpu"),
+    pytest.param("gpu", [], 1, id="gpu-profile"),
+    pytest.param("gpu", ["--allow-missing-baselines"], 0, id="gpu-profile-allowed"),
+    pytest.param("cpu", [], 0, id="cpu-profile"),
 ])
 def test_summary_command_exit_status(tmp_path, capsys, profile, argv, status):
     k = write_run(tmp_path / "k", kernel_rows(profile, baseline=False))
