@@ -115,11 +115,16 @@ def test_plugin_is_found_from_the_source_tree(tmp_path):
     """The device machine puts src/ on PYTHONPATH without installing: hydra_plugins must stay a namespace
     package (no __init__.py) so Hydra finds this launcher beside the installed ones."""
     assert not (SRC / "hydra_plugins" / "__init__.py").exists()
+    import hydra
+
     code = ("from hydra.core.plugins import Plugins; from hydra.plugins.launcher import Launcher; "
             "print(sorted(p.__name__ for p in Plugins.instance().discover(Launcher)))")
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120, check=True)
+    # -S: no site processing, so no editable-install .pth either; only PYTHONPATH puts src/ on the path
+    site = str(Path(hydra.__file__).resolve().parents[1])
+    path = [str(SRC), site, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    proc = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
     assert "GpuQueueLauncher" in proc.stdout
 
 
