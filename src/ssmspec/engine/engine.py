@@ -160,7 +160,13 @@ class Engine:
                 self._eager()
             torch.cuda.current_stream().wait_stream(self._stream)
             torch.cuda.synchronize()
-            self._capture()
+            try:
+                self._capture()
+            except RuntimeError as e:  # a host sync or CPU tensor inside the step: name the fix
+                raise RuntimeError(f"the decode step could not be captured as a CUDA graph ({str(e).splitlines()[0]}); "
+                                   f"something in the drafter, verifier or strategy waits on the host (.item(), "
+                                   f".tolist(), float(tensor), a data-dependent shape) -- remove it, or run "
+                                   f"eagerly with cuda_graph=False") from e
         else:
             draft_graph, target_graph = self._graphs
             if draft_graph is not None:
