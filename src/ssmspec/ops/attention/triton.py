@@ -11,8 +11,10 @@ Program ``splits`` of M-block 0 also writes the call's keys/values into the cach
 (``store_k/v``) when given, which saves ``KVCache.attend`` two copy launches.
 Launch 2, ``_combine_kernel``, one program per (row, query head, token), merges the partials.
 
-Fixed grid and allocation sizes from host ints only (B', L, heads, ctx_len): graph-capturable. Writes
-no state in place and is not autotuned: BLOCK_N = 64 slots keeps a (64, 128) bf16 key tile at 16 KB.
+Fixed grid and allocation sizes from host ints only (B', L, heads, ctx_len): graph-capturable. Not
+autotuned (it writes the pending scratch in place); BLOCK_N is set by hand so the pipelined K/V tiles fit
+shared memory (compiled for sm_90, sizes from the kernel metadata: bf16 at 64 slots 22-65 KB; fp32 at 32
+slots up to D = 128 and 16 above, at most 135 KB of the H100's 227 KB).
 """
 from __future__ import annotations
 
@@ -26,7 +28,6 @@ from torch import Tensor
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.triton_common import check_float, dummy
 
-_BLOCK_N = 64
 _LOG2E = 1.4426950408889634
 
 
@@ -216,9 +217,12 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
     G = Hq // Hkv
     ctx_len = max(0, min(int(ctx_len), k_cache.shape[2]))
     block_m = max(16, min(64, triton.next_power_of_2(L * G)))
+    block_d = max(16, triton.next_power_of_2(D))
+    block_n = 64 if q.element_size() <= 2 else (32 if block_d <= 128 else 16)
     n_mblocks = triton.cdiv(L * G, block_m)
     if splits is None:  # enough programs to fill the GPU at batch 1; no chunk shorter than one block
-        splits = min(max(1, _programs_wanted(q.device) // (Bp * Hkv * n_mblocks)), max(1, triton.cdiv(ctx_len, _BLOCK_N)))
+        splits = min(max(1, _programs_wanted(q.device) // (Bp * Hkv * n_mblocks)),
+                     max(1, triton.cdiv(ctx_len, block_n)))
     splits = splits if ctx_len else 0
     parts = splits + 1
     o_part = torch.empty(Bp, Hq, L, parts, D, device=q.device, dtype=torch.float32)
@@ -228,7 +232,6 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
         return out
     d_ = dummy(start)
     store = store_k is not None
-    block_d = max(16, triton.next_power_of_2(D))
     _split_kernel[(Bp * Hkv * n_mblocks, parts)](
         q, k_cache, v_cache, k, v, start, length, seq_index if seq_index is not None else d_,
         kv_hide if kv_hide is not None else d_, tree_mask if tree_mask is not None else d_,
@@ -241,7 +244,8 @@ def decode_attention_triton(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_
         *o_part.stride()[:4], *ml_part.stride()[:4], *(store_k.stride()[:3] if store else (0, 0, 0)),
         *(store_v.stride()[:3] if store else (0, 0, 0)), STORE_NEW=store, HAS_SEQ=seq_index is not None,
         HAS_HIDE=kv_hide is not None, HAS_TREE=tree_mask is not None, HAS_VALID=valid is not None,
-        IEEE=q.dtype == torch.float32 or interpret_mode(), BLOCK_M=block_m, BLOCK_N=_BLOCK_N, BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_D=block_d, num_warps=4)
+        IEEE=q.dtype == torch.float32 or interpret_mode(), BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_L=max(16, triton.next_power_of_2(L)), BLOCK_D=block_d, num_warps=4)
     _combine_kernel[(Bp * Hq * L,)](o_part, ml_part, out, Hq, L, D, parts, *o_part.stride()[:4], *ml_part.stride()[:4],
                                     out.stride(0), out.stride(1), out.stride(2), BLOCK_S=triton.next_power_of_2(parts),
                                     BLOCK_D=block_d, num_warps=1 if block_d <= 64 else 2)
