@@ -1,0 +1,195 @@
+"""End-to-end decode throughput at a stated acceptance: ``replay_fig8_throughput`` (seed 000, Fig. 8).
+
+Acceptance, stated (issue 9, item 1). With random weights no real drafter is ever accepted, so every
+speculative line drafts with the ``oracle`` (``drafting/oracle.py``): each draft token equals the target's
+own next greedy token with probability alpha -- an exact, seeded Bernoulli per node -- else a different
+token. Under greedy verification a chain of S drafts then accepts a truncated geometric count,
+P(a >= k) = alpha^k, so the expected accepted length is sum_{k=1..S} alpha^k (``expected_accepted``).
+
+The oracle needs the target's own continuation, so nothing here starts synthetically: every batch point
+prefills real synthetic prompt tokens (``bench.inputs.synthetic_prompts``, seeded by ``data.seed``) through
+``Engine.prefill``, and the truth is the greedy continuation of the *same model and prompts* computed once
+per (model, batch) by an autoregressive ``generate()`` (the engine's own loop; ``reference=``) for as many
+tokens as the timed run can emit. Greedy verification is lossless, so the speculative run emits exactly
+that continuation and the oracle's truth stays the target's next token at every step -- unless the
+numerics of another strategy or call width flip a near-tie argmax (bf16). Rows record that honestly:
+``ref_match`` is the share of sequences whose emitted tokens equal the reference, and ``mean_accepted`` /
+``accepted_hist`` are the counts the engine's reports saw (``bench.steps.step_row``), never the formula.
+
+Throughput is emitted tokens per second of the engine's captured decode steps (``Engine.time_steps``: drafting
++ verify + commit, CUDA events around each step): every step emits accepted + 1 tokens per sequence (the
+budget is sized so that no sequence finishes inside the timed steps), divided by the summed step times.
+Lines: ``autoregressive`` and ``replay`` standard decode (S = 0), ``snapshot`` spec (``bench.snapshot_S``),
+``replay`` spec (``bench.replay_S``). Each point first checks ``engine.memory.plan_bytes`` (weights already
+resident) against the free memory; a point that cannot fit is a ``status: skipped`` row naming both numbers,
+and a real out-of-memory error is a ``status: oom`` row -- both are where a curve stops.
+
+The oracle costs almost nothing to draft; the paper's MTP heads cost one extra layer per draft token, so
+these lines are an upper bound on what a real drafter at the same acceptance gives.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig
+
+from ssmspec import config as C
+from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.steps import step_row
+from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.drafting.oracle import Oracle
+from ssmspec.engine import Engine
+from ssmspec.engine.generate import generate
+from ssmspec.engine.memory import HEADROOM, fmt_bytes, free_bytes, plan_bytes
+from ssmspec.strategies import SpecConfig, make_strategy
+
+log = logging.getLogger("ssmspec.bench.e2e")
+
+# seed 000 does not state the acceptance of its MTP drafters on GSM8K; alpha = 0.7 per token is our choice
+# (S = 4: 2.77 tokens per step, so the paper's 1.9x needs a replay spec step <= 1.46x an autoregressive step)
+DEFAULT_ALPHA = 0.7
+
+
+def expected_accepted(alpha: float, S: int) -> float:
+    """Mean accepted drafts of a chain of S oracle drafts under greedy verification: sum_{k=1..S} alpha^k."""
+    return sum(alpha ** k for k in range(1, S + 1))
+
+
+def lines(b: DictConfig) -> list[tuple[str, str, int]]:
+    """(line label, strategy, S) of every curve: standard decode first, then the speculative lines."""
+    out = [("autoregressive", "autoregressive", 0), ("replay", "replay", 0)]
+    out += [(f"snapshot spec S={int(s)}", "snapshot", int(s)) for s in b.snapshot_S]
+    out += [(f"replay spec S={int(s)}", "replay", int(s)) for s in b.replay_S]
+    return out
+
+
+def check_bench(b: DictConfig, what: str) -> None:
+    """Refuse settings that cannot work, naming the fix."""
+    sizes = [int(x) for x in b.batch]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{what}: bench.batch needs positive sizes, got {sizes}")
+    wins = [int(s) for s in list(b.snapshot_S) + list(b.replay_S)]
+    if any(s < 1 for s in wins):
+        raise ValueError(f"{what}: bench.snapshot_S / bench.replay_S hold draft windows S >= 1, got {wins}")
+    R = int(b.R)
+    if wins and R < max(wins) + 1:
+        raise ValueError(f"{what}: replay needs a buffer of at least one call (S + 1 = {max(wins) + 1} tokens); "
+                         f"raise bench.R (now {R}) or lower the windows")
+    if not 0.0 <= float(b.alpha) <= 1.0:
+        raise ValueError(f"{what}: bench.alpha is the oracle's per-token acceptance, in [0, 1]; got {b.alpha}")
+    if int(b.prompt_len) < 1 or int(b.iters) < 1:
+        raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1")
+
+
+def horizon(b: DictConfig) -> int:
+    """Tokens a timed run can emit per sequence (first token + every launched step at the widest window + one
+    window of slack): the reference's length and every engine's budget, so no sequence finishes while timed."""
+    smax = max([0] + [int(s) for s in list(b.snapshot_S) + list(b.replay_S)])
+    steps = max(int(b.warmup), 1) + int(b.iters) + 1
+    return 1 + steps * (smax + 1) + smax
+
+
+def plan_point(model, strategy: str, *, batch: int, prompt_len: int, new_tokens: int,
+               spec: SpecConfig) -> tuple[bool, int, int]:
+    """(fits, bytes needed, bytes free) of one engine next to the resident weights (``engine.memory``)."""
+    parts = plan_bytes(model.cfg, make_strategy(strategy), batch=batch, spec=spec,
+                       kv_capacity=prompt_len + new_tokens + spec.nodes + 1, prefill_len=prompt_len,
+                       dtype=model.dtype, prefill=True)
+    need, free = sum(parts.values()), free_bytes(model.device)
+    return need <= HEADROOM * free, need, free
+
+
+def ref_match(eng: Engine, reference: list[list[int]]) -> float:
+    """Share of sequences whose emitted tokens (prompt excluded) equal the reference's first tokens."""
+    buf = eng.step.buf
+    toks, plen, n = buf.tokens.tolist(), buf.prompt_len.tolist(), buf.length.tolist()
+    same = [row[p:k] == ref[:k - p] for row, p, k, ref in zip(toks, plen, n, reference)]
+    return sum(same) / len(same)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_alpha: float, **fields) -> dict:
+    """Time the engine's steps; one tidy row with tokens/s from the reports' accepted counts."""
+    row = step_row(eng, warmup=warmup, iters=iters, **fields)
+    if bool(eng.step.done.any()):  # a finished sequence emits nothing: the accepted + 1 count would lie
+        raise RuntimeError("a sequence finished inside the timed steps; the engine's budget is too small (bug)")
+    emitted = sum(a + 1 for step in eng.accepted for a in step)  # accepted + 1 per sequence per step
+    seconds = sum(row["samples_ms"]) * 1e-3
+    S = eng.spec.draft_len
+    row.update(status="ok", tokens_emitted=emitted, tokens_per_s=emitted / seconds,
+               tokens_per_step=emitted / (len(eng.accepted) * eng.step.batch),
+               acceptance="oracle" if S else "none", alpha=oracle_alpha if S else None,
+               expected_accepted=expected_accepted(oracle_alpha, S) if S else 0.0,
+               ref_match=ref_match(eng, reference) if reference is not None else None)
+    return row
+
+
+def run_fig8(cfg: DictConfig) -> Iterator[dict]:
+    """Fig. 8: emitted tokens/s of every line (module doc) per preset x batch, at the oracle's alpha."""
+    b = cfg.bench
+    check_bench(b, "replay_fig8_throughput")
+    device = str(cfg.device)
+    graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
+    warmup, iters, Tp, R, alpha = int(b.warmup), int(b.iters), int(b.prompt_len), int(b.R), float(b.alpha)
+    H = horizon(b)
+    seed, min_tok = int(cfg.data.get("seed", 0)), int(cfg.data.get("min_token_id", 3))
+    for preset in b.presets:
+        model = model_for(cfg, preset, Tp + H + 16)
+        V = model.cfg.vocab_size
+        for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
+            ids = synthetic_prompts(bsz, Tp, V, seed=seed, min_token_id=min_tok, device=device)
+            valid = torch.ones_like(ids, dtype=torch.bool)
+            prompts = ids.tolist()
+            reference, ref_error = None, None
+            for label, strategy, S in lines(b):
+                spec = SpecConfig(draft_len=S, buffer_size=R)
+                base = dict(model=preset, line=label, strategy=strategy, S=S, batch=bsz, prompt_len=Tp,
+                            R=R if strategy == "replay" else None, dtype=C.dtype_name(model.dtype),
+                            acceptance="oracle" if S else "none", alpha=alpha if S else None)
+                fit, need, free = plan_point(model, strategy, batch=bsz, prompt_len=Tp, new_tokens=H, spec=spec)
+                if not fit:
+                    yield {**base, "status": "skipped", "planned_bytes": need,
+                           "reason": f"needs {fmt_bytes(need)} beside the weights but {fmt_bytes(free)} are free "
+                                     f"(at most {HEADROOM:.0%} used)"}
+                    continue
+                if S and reference is None and ref_error is None:
+                    try:  # the target's own greedy continuation, once per (model, batch): the oracle's truth
+                        reference = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",
+                                             cuda_graph=graph).sequences
+                    except (torch.OutOfMemoryError, RuntimeError) as e:
+                        if not _is_oom(e):
+                            raise
+                        ref_error = str(e).splitlines()[0]
+                    release(device)
+                if S and reference is None:
+                    yield {**base, "status": "oom", "reason": f"reference run out of memory: {ref_error}"}
+                    continue
+                eng = None
+                try:
+                    drafter = None
+                    if S:
+                        drafter = Oracle(p=alpha, draft_len=S, reference=reference, vocab_size=V,
+                                         seed=int(cfg.seed))
+                    eng = Engine(model, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
+                                 drafter=drafter, spec=spec, cuda_graph=graph)
+                    eng.prefill(ids, valid)
+                    row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference if S else None,
+                                         oracle_alpha=alpha, **base, planned_bytes=need)
+                except (torch.OutOfMemoryError, RuntimeError) as e:
+                    if not _is_oom(e):
+                        raise
+                    row = {**base, "status": "oom", "planned_bytes": need, "reason": str(e).splitlines()[0]}
+                del eng
+                release(device)
+                if row["status"] == "ok":
+                    log.info("%s %s B=%d: %.0f tokens/s (%.2f accepted)", preset, label, bsz, row["tokens_per_s"],
+                             row["mean_accepted"])
+                yield row
+            del reference
+        del model
+        release(device)

@@ -1,0 +1,131 @@
+"""Figures of the end-to-end experiments (bench/e2e.py, bench/e2e_concurrency.py), drawn from result rows only.
+Throughput is emitted tokens/s of the engine's steps; ratios are of two lines measured in the same run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ssmspec.plots.style import ok_rows, provenance
+
+# seed 000: replay spec 1.87-1.96x over standard decoding (Fig. 8); 3.0-3.3x snapshot's batch (Fig. 11)
+PAPER_FIG8 = (1.87, 1.96)
+GOAL_P6 = 2.0  # replay spec / autoregressive at batch 256
+GOAL_BATCH = 256
+PAPER_FIG11 = (3.0, 3.3)
+GOAL_P7 = 3.3  # replay spec max batch / snapshot spec max batch
+COLORS = {"autoregressive": "C7", "replay": "C0", "snapshot": "C3"}
+
+
+def _finish(fig, df: pd.DataFrame, title: str, out: Path) -> None:
+    fig.suptitle(f"{title}\n{provenance(df)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
+
+
+def _style(line: str) -> dict:
+    strategy = line.split()[0]
+    spec = "spec" in line
+    return dict(color=COLORS.get(strategy, "C2"), linestyle="-" if spec or strategy == "autoregressive" else "--",
+                marker="o" if spec else "s", alpha=1.0 if line.endswith("S=4") or not spec else 0.7)
+
+
+def fig8_ratios(data: pd.DataFrame, model: str) -> dict[tuple[str, int], float]:
+    """{(line, batch): tokens/s of the line / tokens/s of autoregressive} for one model's measured rows."""
+    g = data[data["model"] == model]
+    ar = g[g["line"] == "autoregressive"].set_index("batch")["tokens_per_s"]
+    return {(r.line, int(r.batch)): r.tokens_per_s / ar[r.batch] for r in g.itertuples() if r.batch in ar.index}
+
+
+def plot_fig8(df: pd.DataFrame, out: Path) -> None:
+    """Tokens/s vs batch (log2), one panel per model and a line per strategy/window; points where snapshot spec
+    falls below autoregressive are ringed; the best replay spec ratio at batch 256 is set against goal P6."""
+    data = ok_rows(df)
+    if data.empty:
+        raise ValueError("replay_fig8_throughput: no measured rows to plot")
+    models = list(dict.fromkeys(data["model"]))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        g = data[data["model"] == model]
+        ratios = fig8_ratios(data, model)
+        for line in dict.fromkeys(g["line"]):
+            pts = g[g["line"] == line].sort_values("batch")
+            ax.plot(pts["batch"], pts["tokens_per_s"], label=line, **_style(line))
+            if line.startswith("snapshot"):
+                below = pts[[ratios.get((line, int(b)), 1.0) < 1.0 for b in pts["batch"]]]
+                ax.scatter(below["batch"], below["tokens_per_s"], s=120, facecolors="none", edgecolors="C3",
+                           linewidths=1.4, label=f"{line} < autoregressive" if len(below) else None)
+        skipped = df[(df["model"] == model) & (df["status"] != "ok")] if "status" in df.columns else df.iloc[0:0]
+        notes = [f"{line}: no fit from batch {int(s['batch'].min())}" for line, s in skipped.groupby("line")]
+        spec = {k: v for k, v in ratios.items() if k[0].startswith("replay spec")}
+        at = {k: v for k, v in spec.items() if k[1] == GOAL_BATCH}
+        if at:
+            (line, _), best = max(at.items(), key=lambda kv: kv[1])
+            mark = "met" if best >= GOAL_P6 else "missed"
+            notes.insert(0, f"batch {GOAL_BATCH}: {line} {best:.2f}x autoregressive (goal P6 >= {GOAL_P6}x: {mark}; "
+                            f"paper {PAPER_FIG8[0]}-{PAPER_FIG8[1]}x)")
+        elif spec:
+            b, best = max(((k[1], v) for k, v in spec.items()), key=lambda kv: kv[0])
+            notes.insert(0, f"largest batch {b}: best replay spec {best:.2f}x autoregressive (no batch {GOAL_BATCH})")
+        alpha = g["alpha"].dropna()
+        acc = f", oracle alpha={alpha.iloc[0]:.2f}" if len(alpha) else ""
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set(xlabel="batch size", ylabel="emitted tokens / s", title=f"{model}{acc}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, loc="upper left")
+        if notes:
+            ax.text(0.99, 0.02, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=6,
+                    bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
+    _finish(fig, df, "ReplaySSM Fig. 8: decode throughput vs batch size", out)
+
+
+def fig11_ratios(data: pd.DataFrame) -> dict[str, float]:
+    """{model: max batch of replay spec / max batch of snapshot spec} from the result rows."""
+    out = {}
+    for model, g in data.groupby("model", sort=False):
+        by = dict(zip(g["strategy"], g["max_batch"]))
+        if by.get("snapshot") and "replay" in by:
+            out[model] = by["replay"] / by["snapshot"]
+    return out
+
+
+def plot_fig11(df: pd.DataFrame, out: Path) -> None:
+    """Largest decode batch under the HBM budget per model x strategy (bars, hatched where a real OOM set the
+    limit rather than the plan); replay spec over snapshot spec against goal P7."""
+    data = df[df["kind"] == "max_batch"] if "kind" in df.columns else df.iloc[0:0]
+    if data.empty:
+        raise ValueError("replay_fig11_concurrency: no max_batch rows to plot")
+    models = list(dict.fromkeys(data["model"]))
+    strategies = list(dict.fromkeys(data["strategy"]))
+    fig, ax = plt.subplots(figsize=(max(5.0, 2.4 * len(models) + 2), 4.0))
+    w = 0.8 / len(strategies)
+    x = np.arange(len(models))
+    for i, strategy in enumerate(strategies):
+        g = data[data["strategy"] == strategy].set_index("model").reindex(models)
+        bars = ax.bar(x + (i - (len(strategies) - 1) / 2) * w, g["max_batch"].fillna(0), w,
+                      color=COLORS.get(strategy, "C2"), label=str(g["line"].dropna().iloc[0]))
+        for bar, (_, r) in zip(bars, g.iterrows()):
+            if pd.isna(r["max_batch"]):
+                continue
+            if r["limit"] == "oom":
+                bar.set_hatch("//")
+            ax.annotate(f"{int(r['max_batch'])}\n({r['limit']})", (bar.get_x() + bar.get_width() / 2,
+                        bar.get_height()), ha="center", va="bottom", fontsize=6)
+    budget = sorted({float(v) for v in data["budget_bytes"]})
+    notes = [f"{m}: replay spec {r:.2f}x snapshot spec (goal P7 >= {GOAL_P7}x: {'met' if r >= GOAL_P7 else 'missed'}; "
+             f"paper {PAPER_FIG11[0]}-{PAPER_FIG11[1]}x)" for m, r in fig11_ratios(data).items()]
+    ax.set_xticks(x, models)
+    ax.set(ylabel="max decode batch", title="budget " + ", ".join(f"{b / 2**30:.2f} GiB" for b in budget))
+    ax.margins(y=0.25)
+    ax.legend(fontsize=7, loc="upper left")
+    if notes:
+        ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=6,
+                bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
+    _finish(fig, df, "ReplaySSM Fig. 11: max decode batch under a fixed HBM budget", out)
