@@ -142,9 +142,7 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
         model = model_for(cfg, preset, Tp + H + 16)
         V = model.cfg.vocab_size
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
-            ids = synthetic_prompts(bsz, Tp, V, seed=seed, min_token_id=min_tok, device=device)
-            valid = torch.ones_like(ids, dtype=torch.bool)
-            prompts = ids.tolist()
+            ids = valid = prompts = None  # made once the first line of this batch fits
             reference, ref_error = None, None
             for label, strategy, S in lines(b):
                 spec = SpecConfig(draft_len=S, buffer_size=R)
@@ -157,6 +155,9 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                            "reason": f"needs {fmt_bytes(need)} beside the weights but {fmt_bytes(free)} are free "
                                      f"(at most {HEADROOM:.0%} used)"}
                     continue
+                if ids is None:
+                    ids = synthetic_prompts(bsz, Tp, V, seed=seed, min_token_id=min_tok, device=device)
+                    valid, prompts = torch.ones_like(ids, dtype=torch.bool), ids.tolist()
                 if S and reference is None and ref_error is None:
                     try:  # the target's own greedy continuation, once per (model, batch): the oracle's truth
                         reference = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ssmspec.engine.memory import fmt_bytes
 from ssmspec.plots.style import ok_rows, provenance
 
 # seed 000: replay spec 1.87-1.96x over standard decoding (Fig. 8); 3.0-3.3x snapshot's batch (Fig. 11)
@@ -122,7 +123,7 @@ def plot_fig11(df: pd.DataFrame, out: Path) -> None:
     notes = [f"{m}: replay spec {r:.2f}x snapshot spec (goal P7 >= {GOAL_P7}x: {'met' if r >= GOAL_P7 else 'missed'}; "
              f"paper {PAPER_FIG11[0]}-{PAPER_FIG11[1]}x)" for m, r in fig11_ratios(data).items()]
     ax.set_xticks(x, models)
-    ax.set(ylabel="max decode batch", title="budget " + ", ".join(f"{b / 2**30:.2f} GiB" for b in budget))
+    ax.set(ylabel="max decode batch", title="budget " + ", ".join(fmt_bytes(b) for b in budget))
     ax.margins(y=0.25)
     ax.legend(fontsize=7, loc="upper left")
     if notes:
