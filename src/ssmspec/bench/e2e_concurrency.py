@@ -57,8 +57,8 @@ def _check(b: DictConfig) -> tuple[list[str], int, int]:
                          f"got S={S}, R={R}")
     if int(b.context) < 1 or int(b.new_tokens) < 1 or int(b.max_batch) < 1 or int(b.probe_steps) < 1:
         raise ValueError("replay_fig11_concurrency needs bench.context, new_tokens, max_batch and probe_steps >= 1")
-    if int(b.budget_mib) < 1:
-        raise ValueError(f"bench.budget_mib is the memory budget in MiB, >= 1; got {b.budget_mib}")
+    if float(b.budget_mib) <= 0:
+        raise ValueError(f"bench.budget_mib is the memory budget in MiB, > 0; got {b.budget_mib}")
     return strategies, S, R
 
 
@@ -166,7 +166,7 @@ def _cap_allocator(device: torch.device, budget: int) -> float | None:
         return None
     total = torch.cuda.get_device_properties(device).total_memory
     if budget > total:
-        raise ValueError(f"bench.budget_mib={budget >> 20} exceeds the device's {fmt_bytes(total)}; lower it")
+        raise ValueError(f"bench.budget_mib={budget / 2**20:g} exceeds the device's {fmt_bytes(total)}; lower it")
     frac = budget / total
     torch.cuda.set_per_process_memory_fraction(frac, device)
     return frac
@@ -178,7 +178,7 @@ def run_fig11(cfg: DictConfig) -> Iterator[dict]:
     strategies, S, R = _check(b)
     device = str(cfg.device)
     graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
-    budget, cap = int(b.budget_mib) << 20, int(b.max_batch)
+    budget, cap = int(float(b.budget_mib) * 2**20), int(b.max_batch)
     context, new_tokens = int(b.context), int(b.new_tokens)
     for preset in b.presets:
         model = model_for(cfg, preset, context + new_tokens + S + 2)
@@ -188,7 +188,7 @@ def run_fig11(cfg: DictConfig) -> Iterator[dict]:
             raise ValueError(f"replay_fig11_concurrency: {preset}'s weights take {fmt_bytes(bud.weights)}, more than "
                              f"the budget of {fmt_bytes(budget)}; raise bench.budget_mib")
         if model.device.type == "cpu" and budget > HEADROOM * (free_bytes("cpu") + bud.weights):
-            raise ValueError(f"bench.budget_mib={budget >> 20} exceeds the free memory of this machine "
+            raise ValueError(f"bench.budget_mib={budget / 2**20:g} exceeds the free memory of this machine "
                              f"({fmt_bytes(free_bytes('cpu'))}); lower it")
         release(device)  # the allocator's cache from building the model must not count against the cap
         frac = _cap_allocator(model.device, budget)
