@@ -15,6 +15,8 @@ that continuation and the oracle's truth stays the target's next token at every 
 numerics of another strategy or call width flip a near-tie argmax (bf16). Rows record that honestly:
 ``ref_match`` is the share of sequences whose emitted tokens equal the reference, and ``mean_accepted`` /
 ``accepted_hist`` are the counts the engine's reports saw (``bench.steps.step_row``), never the formula.
+Every line's oracle has the same seed (``seed``), so snapshot and replay at the same S draw the same Bernoulli
+sequence and see the same accepted counts: their ratio compares the cost of their steps alone.
 
 Throughput is emitted tokens per second of the engine's captured decode steps (``Engine.time_steps``: drafting
 + verify + commit, CUDA events around each step): every step emits accepted + 1 tokens per sequence (the
@@ -187,6 +189,10 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                     row = {**base, "status": "oom", "planned_bytes": need, "reason": str(e).splitlines()[0]}
                 del eng
                 release(device)
+                if row["status"] == "ok" and row["ref_match"] is not None and row["ref_match"] < 1.0:
+                    log.warning("%s %s B=%d: %.0f%% of sequences left the reference (a near-tie argmax flipped); "
+                                "their drafts after that point are wrong and acceptance is below alpha's", preset,
+                                label, bsz, 100 * (1 - row["ref_match"]))
                 if row["status"] == "ok":
                     log.info("%s %s B=%d: %.0f tokens/s (%.2f accepted)", preset, label, bsz, row["tokens_per_s"],
                              row["mean_accepted"])

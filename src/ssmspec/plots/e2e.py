@@ -62,8 +62,15 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
                 below = pts[[ratios.get((line, int(b)), 1.0) < 1.0 for b in pts["batch"]]]
                 ax.scatter(below["batch"], below["tokens_per_s"], s=120, facecolors="none", edgecolors="C3",
                            linewidths=1.4, label=f"{line} < autoregressive" if len(below) else None)
+        below = sorted({k[1] for k, v in ratios.items() if k[0].startswith("snapshot") and v < 1.0})
+        notes = [f"snapshot spec below autoregressive at batch {', '.join(map(str, below))}"] if below else []
         skipped = df[(df["model"] == model) & (df["status"] != "ok")] if "status" in df.columns else df.iloc[0:0]
-        notes = [f"{line}: no fit from batch {int(s['batch'].min())}" for line, s in skipped.groupby("line")]
+        first = {}  # smallest batch that did not run -> the lines it stopped
+        for line, s in skipped.groupby("line", sort=False):
+            first.setdefault(int(s["batch"].min()), []).append(line)
+        every = set(df[df["model"] == model]["line"])
+        notes += [f"{'every line' if set(ls) == every else ', '.join(ls)}: no fit from batch {b}"
+                  for b, ls in sorted(first.items())]
         spec = {k: v for k, v in ratios.items() if k[0].startswith("replay spec")}
         at = {k: v for k, v in spec.items() if k[1] == GOAL_BATCH}
         if at:
