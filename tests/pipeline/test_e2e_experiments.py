@@ -124,3 +124,14 @@ def test_fig11_refuses_a_budget_below_the_weights(cli, tmp_path):
     status, _, err = cli("run", *FIG11, "bench.budget_mib=0.05",
                          f"results_dir={tmp_path / 'run'}")
     assert status == 2 and "raise bench.budget_mib" in err
+
+
+def test_fig8_oracle_at_alpha_half_gives_the_stated_mean_acceptance(cli, tmp_path):
+    rows = _run(cli, tmp_path, FIG8, "bench.alpha=0.5", "bench.snapshot_S=[]", "bench.replay_S=[2]",
+                "bench.presets=[tiny-mamba2]", "bench.batch=[16]", "bench.iters=10", plot=False)
+    r = next(r for r in rows if r["S"] == 2)
+    n = sum(r["accepted_hist"].values())
+    assert n == 160 and set(r["accepted_hist"]) == {"0", "1", "2"} and r["ref_match"] == 1.0
+    # truncated geometric, P(a >= k) = 0.5^k: mean 0.75, sd 0.83 per step; 160 steps -> 4 standard errors 0.26
+    assert abs(r["mean_accepted"] - expected_accepted(0.5, 2)) < 0.26
+    assert abs(r["accepted_hist"]["0"] / n - 0.5) < 4 * (0.25 / n) ** 0.5
