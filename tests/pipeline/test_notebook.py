@@ -18,13 +18,14 @@ def _outputs(nb, mime: str) -> list[str]:
             if mime in o.get("data", {})]
 
 
-def test_notebook_executes_headless():
+def test_notebook_executes_headless(monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # as CI has it: the figures must not depend on a display backend
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # a failing cell raises CellExecutionError; a hung one times out
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
     experiments = sorted({p.parent.parent.name for p in (ROOT / "results").glob("*/*/results.jsonl")})
-    headings = [m for m in _outputs(nb, "text/markdown") if m.startswith("### ")]
+    headings = [m for m in _outputs(nb, "text/markdown") if m.startswith("### ")]  # figure titles are **bold**
     assert headings == [f"### `{e}`" for e in experiments]
     html = _outputs(nb, "text/html")
     assert len(html) == 1 + len(experiments)  # provenance table + one table per experiment
