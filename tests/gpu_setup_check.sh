@@ -21,6 +21,10 @@ trap 'rm -rf "$work"' EXIT
 unset PYTHONPATH  # nothing carried elsewhere (a source tree of mamba_ssm, say) may stand in for the install
 python3 -m venv --system-site-packages --without-pip "$work/venv"
 py="$work/venv/bin/python"
+# the machine's torch may live in another venv (not the system site): let the new venv see the site-packages
+# of the python3 that runs this script, behind its own
+python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+  > "$("$py" -c 'import site; print(site.getsitepackages()[0])')/_host_site.pth"
 "$py" -m pip --version >/dev/null 2>&1 || "$py" -m ensurepip -q  # the system's pip serves the venv when present
 export PYTHONPATH="$root/src"
 cd "$work"  # not the repository root: src/ is on the path only through PYTHONPATH
