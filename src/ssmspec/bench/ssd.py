@@ -129,8 +129,13 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
             from ssmspec.ops.ssd.triton import default_launch
             row.update(default_launch(ctx.dtype, L, z["P"], z["N"]))
         yield row
+        big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:
             yield dict(base, impl="mamba_ssm", status="skipped", reason=why)
+        elif big:  # a fault here would poison the CUDA context and end the whole run
+            yield dict(base, impl="mamba_ssm", status="skipped",
+                       reason="x has >= 2^31 elements: mamba_ssm 2.3.2's _chunk_scan_fwd indexes with 32-bit offsets "
+                              "and raised an illegal memory access in this run's grid on an H100")
         else:
             yield _measure(ctx, [mamba_fn(chunk_m, i, int(b.chunk_size)) for i in sets], nbytes, **base,
                            impl="mamba_ssm", chunk_size=int(b.chunk_size))
@@ -169,8 +174,13 @@ def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
             launch = dict(block_t=int(bt), num_warps=int(nw), block_p=int(bp or _blocks(L, z["P"], z["N"])[1]))
             yield _measure(ctx, [ours_fn(i, **launch) for i in sets], nbytes, **base, impl="ours",
                            backend="triton", **launch)
+        big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:
             yield dict(base, impl="mamba_ssm", status="skipped", reason=why)
+        elif big:  # a fault here would poison the CUDA context and end the whole run
+            yield dict(base, impl="mamba_ssm", status="skipped",
+                       reason="x has >= 2^31 elements: mamba_ssm 2.3.2's _chunk_scan_fwd indexes with 32-bit offsets "
+                              "and raised an illegal memory access in this run's grid on an H100")
         else:
             yield _measure(ctx, [mamba_fn(chunk_m, i, int(b.chunk_size)) for i in sets], nbytes, **base,
                            impl="mamba_ssm", chunk_size=int(b.chunk_size))
