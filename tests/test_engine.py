@@ -144,3 +144,15 @@ def test_replayed_steps_do_not_synchronise_the_host():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert len(eng.collect(keep=0)) == 5
+
+
+def test_kernel_grids_refuse_a_batch_that_cannot_fit_before_building_inputs():
+    from omegaconf import OmegaConf
+
+    from ssmspec.bench.kernels import mixer_grid
+
+    bench = OmegaConf.create({"presets": ["tiny-mamba2"], "batch": [1, 10**9]})
+    with pytest.raises(ValueError, match=r"tiny-mamba2 mixer at batch 1000000000 needs .* are free on cpu"):
+        next(mixer_grid(bench, device="cpu"))  # the check runs before the first point is yielded
+    assert [b for _, _, b in mixer_grid(OmegaConf.create({"presets": ["tiny-mamba2"], "batch": [1, 4]}),
+                                        device="cpu")] == [1, 4]

@@ -42,12 +42,20 @@ def mixer_sizes(preset: str) -> dict:
     return dict(H=m.ssm_heads, P=m.head_dim, N=m.state_size, G=m.n_groups)
 
 
-def mixer_grid(bench: DictConfig) -> Iterator[tuple[str, dict, int]]:
-    """(preset, its mixer sizes, batch) for every preset x batch of a kernel benchmark's grid."""
-    for preset in bench.presets:
-        z = mixer_sizes(preset)
-        for bsz in bench.batch:
-            yield preset, z, bsz
+def mixer_grid(bench: DictConfig, *, device: str | None = None) -> Iterator[tuple[str, dict, int]]:
+    """(preset, its mixer sizes, batch) for every preset x batch of a kernel benchmark's grid. With ``device``,
+    every point is first checked against the free memory there (a few fp32 states plus a window of inputs
+    per sequence): a batch that cannot fit is refused before anything is allocated, not after minutes of
+    building inputs."""
+    points = [(preset, mixer_sizes(preset), int(bsz)) for preset in bench.presets for bsz in bench.batch]
+    if device is not None:
+        from ssmspec.engine.memory import check_fits
+
+        for preset, z, bsz in points:
+            parts = {"states": 3 * state_bytes(bsz, z["H"], z["P"], z["N"]),
+                     "inputs": 2 * io_bytes(bsz, 16, z["H"], z["P"], z["G"], z["N"], F32)}
+            check_fits(parts, device, what=f"the {preset} mixer at batch {bsz}", fix="lower bench.batch")
+    yield from points
 
 
 class Ctx:
@@ -158,7 +166,7 @@ def run_kernel_parity(cfg: DictConfig) -> Iterator[dict]:
     ctx = Ctx(cfg)
     b = cfg.bench
     ssu_m, _, why = mamba_ssm_ops()
-    for preset, z, bsz in mixer_grid(b):
+    for preset, z, bsz in mixer_grid(b, device=ctx.device):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
         inp = make_inputs(bsz, 1, H, P, G, N, ctx.dtype, ctx.device)
         sb = state_bytes(bsz, H, P, N)
@@ -194,7 +202,7 @@ def run_snl_tab1(cfg: DictConfig) -> Iterator[dict]:
         raise ValueError(f"snl_tab1_kernels: unknown impl(s) {unknown}; choose from {', '.join(SNL_IMPLS)}")
     ctx = Ctx(cfg)
     ssu_m, chunk_m, why = mamba_ssm_ops()
-    for preset, z, bsz in mixer_grid(b):
+    for preset, z, bsz in mixer_grid(b, device=ctx.device):
         H, P, N, G = z["H"], z["P"], z["N"], z["G"]
         for L in b.L:
             inp = make_inputs(bsz, L, H, P, G, N, ctx.dtype, ctx.device)

@@ -152,7 +152,7 @@ def run_replay_buffer(cfg: DictConfig) -> Iterator[dict]:
     gdn = kernels_gdn.gdn_presets(b)  # refused before anything is measured
     ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
-    for preset, z, bsz in mixer_grid(b):
+    for preset, z, bsz in mixer_grid(b, device=ctx.device):
         base = dict(model=preset, batch=bsz, L=1, **z)
         yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, base)
         base_bytes = 2 * state_bytes(bsz, z["H"], z["P"], z["N"]) + io_bytes(bsz, 1, z["H"], z["P"], z["G"],
@@ -181,7 +181,7 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     gdn = kernels_gdn.gdn_presets(b)
     ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
-    for preset, z, bsz in mixer_grid(b):
+    for preset, z, bsz in mixer_grid(b, device=ctx.device):
         base = dict(model=preset, batch=bsz, **z)
         yield from _ssu_baselines(ctx, bsz, z, ssu_m, why, dict(base, S=0, L=1))
         for S in b.S:

@@ -161,7 +161,7 @@ def run_stree_fig3(cfg: DictConfig) -> Iterator[dict]:
         raise ValueError(f"stree_fig3_tree_forward: unknown form(s) {unknown}; choose from {', '.join(FORMS)}")
     ctx = Ctx(cfg)
     _, chunk_m, why = mamba_ssm_ops()
-    for preset, z, bsz in mixer_grid(b):
+    for preset, z, bsz in mixer_grid(b, device=ctx.device):
         for depth in b.depth:
             mask, paths, first = full_binary_tree(int(depth), bsz, ctx.device)
             n, leaves = mask.shape[-1], paths.shape[0]
