@@ -117,7 +117,10 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
             model = None
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
-            model = C.make_model(cfg, preset=preset)
+            # KV room for the longest context plus the timed steps (a preset's max_seq_len may equal a grid context)
+            need = max(T for _, _, T in grid) + warmup + iters + 16
+            base = C.model_config(cfg) if preset is None else load_preset(preset)
+            model = C.make_model(cfg, preset=preset, max_seq_len=max(base.max_seq_len, need))
             current = preset
         mcfg = model.cfg
         row = {"model": mcfg.name, "params": mcfg.num_parameters(), "strategy": strategy.name, "phase": phase,
