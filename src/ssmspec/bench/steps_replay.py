@@ -86,17 +86,17 @@ def release(device: str) -> None:
 # kernel classification ---------------------------------------------------------------------------------
 def kernel_names() -> dict[str, str]:
     """{Triton kernel name: 'ssm' | 'attention'} from the kernels the op modules define (no conv kernels)."""
-    import triton
-
     out: dict[str, str] = {}
     for part, mods in (("ssm", SSM_KERNEL_MODULES), ("attention", ATTENTION_KERNEL_MODULES)):
         for name in mods:
             mod = importlib.import_module(name)
             for obj in vars(mod).values():
-                while hasattr(obj, "fn") and not isinstance(obj, triton.runtime.jit.JITFunction):
-                    obj = obj.fn  # autotuner / heuristics wrappers hold the kernel in .fn
+                wrapped = False  # a Triton kernel: JITFunction, or the interpreter's wrapper under TRITON_INTERPRET=1
+                while hasattr(obj, "fn") and type(obj).__module__.startswith("triton"):
+                    wrapped = True
+                    obj = obj.fn  # jit / autotuner / heuristics wrappers hold the Python function in .fn
                 name = getattr(obj, "__name__", "")
-                if isinstance(obj, triton.runtime.jit.JITFunction) and name.endswith("_kernel") and "conv" not in name:
+                if wrapped and name.endswith("_kernel") and "conv" not in name:
                     out[name] = part  # launched kernels only (helpers such as _dot are inlined)
     return out
 
