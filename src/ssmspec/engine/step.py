@@ -142,17 +142,20 @@ class DecodeStep:
     @torch.no_grad()
     def start_synthetic(self, context: int, pending: Tensor, *, seed: int = 0) -> None:
         """Benchmark start: caches as if ``context`` tokens had been prefilled (KV contents random: a step's
-        time does not depend on their values; SSM / conv states as allocated), ``pending`` (B,) next."""
+        time does not depend on their values; SSM / conv states as allocated), ``pending`` (B,) next. The
+        token rows hold random prompt tokens, then ``pending``; no token counts as emitted yet (the whole
+        max_new_tokens budget is left for the timed steps)."""
         gen = torch.Generator(device=self.device).manual_seed(seed)
         for c in self.kv:
             c.k[:, :, :context].normal_(generator=gen)
             c.v[:, :, :context].normal_(generator=gen)
             c.start.zero_()
             c.length.fill_(context)
+        # as after a prefill: ``context`` prompt tokens, then the pending token (emitted, not yet fed)
         self.buf.tokens.random_(0, self.model.cfg.vocab_size, generator=gen)
         self.buf.prompt_len.fill_(context)
-        self.buf.length.fill_(context)
-        self.buf.tokens.scatter_(1, (self.buf.length - 1)[:, None], pending[:, None])
+        self.buf.length.fill_(context + 1)
+        self.buf.tokens[:, context] = pending
         self.seq_len.fill_(context)
         self.emitted.zero_()
         self.done.zero_()
