@@ -145,7 +145,9 @@ class Engine:
 
     @torch.no_grad()
     def launch(self) -> None:
-        """Queue one decode step (see module doc); never waits for the device except on the first call."""
+        """Queue one decode step (see module doc); never waits for the device except on the first call.
+        Reports go to two pinned buffers in turn: call ``collect(keep=1)`` after every launch (at most two
+        steps in flight), as generate() and time_steps() do."""
         s = self.step
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
