@@ -3,28 +3,10 @@ through the engine -- tiny presets, eager steps -- and draw their figures; bad g
 model is built, leaving no run directory."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=2"]
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-
-
-def _run_and_plot(cli, tmp_path: Path, exp_id: str, *extra: str) -> list[dict]:
-    out = tmp_path / "run"
-    status, _, err = cli("run", f"experiment={exp_id}", *FAST, *extra, f"results_dir={out}")
-    assert status == 0, err
-    png = tmp_path / "fig.png"
-    status, _, err = cli("plot", exp_id, "--from", str(out), "--out", str(png))
-    assert status == 0, err
-    assert png.read_bytes()[:8] == PNG_MAGIC
-    return _rows(out)
+from pipeline_helpers import FAST, run_and_plot
 
 
 def _check_timed(r: dict, ar: dict) -> None:
@@ -39,7 +21,7 @@ def _check_timed(r: dict, ar: dict) -> None:
 
 
 def test_snl_tab2_ablation_runs_every_scan_and_copy(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "snl_tab2_ablation", "bench.S=3")
+    rows = run_and_plot(cli, tmp_path, "snl_tab2_ablation", "bench.S=3")
     ar = next(r for r in rows if r["strategy"] == "autoregressive")
     ja = [r for r in rows if r["strategy"] == "joint_attainment"]
     assert len(rows) == 7 and {(r["scan"], r["jit_copy"]) for r in ja} == {
@@ -53,7 +35,7 @@ def test_snl_tab2_ablation_runs_every_scan_and_copy(cli, tmp_path):
 
 
 def test_snl_tab3_verify_runs_the_drafts_by_S_grid(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "snl_tab3_verify", "bench.drafts=[1,2]", "bench.S=[1,3]")
+    rows = run_and_plot(cli, tmp_path, "snl_tab3_verify", "bench.drafts=[1,2]", "bench.S=[1,3]")
     ar = [r for r in rows if r["strategy"] == "autoregressive"]
     assert len(ar) == 1 and ar[0]["overhead"] == 1.0 and ar[0]["tokens_per_call"] == 1
     spec = [r for r in rows if r["strategy"] != "autoregressive"]
@@ -67,7 +49,7 @@ def test_snl_tab3_verify_runs_the_drafts_by_S_grid(cli, tmp_path):
 
 
 def test_snl_tab4_scaling_runs_per_model_with_memory(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "snl_tab4_scaling", "bench.S=2")
+    rows = run_and_plot(cli, tmp_path, "snl_tab4_scaling", "bench.S=2")
     by_model: dict = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[r["strategy"]] = r

@@ -4,8 +4,6 @@ fit are skipped rows, the fits and the needed acceptance follow seed 003's Eqs. 
 cycles state copies past 4x the L2."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,27 +14,11 @@ from ssmspec.bench.kernels import Ctx
 from ssmspec.bench.steps_fit import binary_tree, fit
 from ssmspec.bench.steps_replay import classify, kernel_names
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=2"]
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-
-
-def _run_and_plot(cli, tmp_path: Path, exp_id: str, *extra: str) -> list[dict]:
-    out = tmp_path / "run"
-    status, _, err = cli("run", f"experiment={exp_id}", *FAST, *extra, f"results_dir={out}")
-    assert status == 0, err
-    png = tmp_path / "fig.png"
-    status, _, err = cli("plot", exp_id, "--from", str(out), "--out", str(png))
-    assert status == 0, err
-    assert png.read_bytes()[:8] == PNG_MAGIC
-    return _rows(out)
+from pipeline_helpers import FAST, run_and_plot
 
 
 def test_breakdown_parts_add_up_and_unfit_contexts_are_skipped(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "replay_fig2_breakdown", "bench.context=[16,1000000000]",
+    rows = run_and_plot(cli, tmp_path, "replay_fig2_breakdown", "bench.context=[16,1000000000]",
                          "bench.profile_steps=1")
     ok = [r for r in rows if r["status"] == "ok"]
     assert {(r["strategy"], r["context"]) for r in ok} == {("autoregressive", 16), ("replay", 16)}
@@ -60,7 +42,7 @@ def test_breakdown_refuses_speculative_strategies(cli, tmp_path):
 
 
 def test_fig6_step_rows_beside_the_kernel_rows(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "replay_fig6_speedup", "bench.presets=[tiny-mamba2]", "bench.batch=[2]",
+    rows = run_and_plot(cli, tmp_path, "replay_fig6_speedup", "bench.presets=[tiny-mamba2]", "bench.batch=[2]",
                          "bench.R=[4]")
     assert {r["impl"] for r in rows} >= {"ssu_ours", "replay", "step_autoregressive", "step_replay"}
     steps = {r["impl"]: r for r in rows if r.get("stage") == "step"}
@@ -71,7 +53,7 @@ def test_fig6_step_rows_beside_the_kernel_rows(cli, tmp_path):
 
 
 def test_propagation_has_every_stage_of_both_strategies(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "replay_fig10_propagation")
+    rows = run_and_plot(cli, tmp_path, "replay_fig10_propagation")
     by = {r["impl"]: r for r in rows}
     assert set(by) == {f"{st}_{s}" for st in ("kernel", "forward", "step") for s in ("snapshot", "replay")}
     for r in rows:
@@ -90,7 +72,7 @@ def test_propagation_refuses_a_buffer_smaller_than_a_call(cli, tmp_path):
 
 
 def test_runtime_fit_rows_follow_seed_003(cli, tmp_path):
-    rows = _run_and_plot(cli, tmp_path, "stree_fig2_runtime_fit", "bench.tokens=[1,2,3,5]")
+    rows = run_and_plot(cli, tmp_path, "stree_fig2_runtime_fit", "bench.tokens=[1,2,3,5]")
     calls = [r for r in rows if r["kind"] == "measure" and r["stage"] == "call"]
     assert {(r["strategy"], r["tokens"]) for r in calls} == {(s, n) for s in ("activation_replay", "stree")
                                                                for n in (1, 2, 3, 5)}
