@@ -282,3 +282,17 @@ def test_transformers_keeps_its_torch_paths_where_a_kernel_package_imports(tmp_p
                          env={**os.environ, "PYTHONPATH": str(tmp_path / "fake")})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "(1, 5, 50)"
+
+
+def test_available_version_names_a_source_tree_on_the_path(tmp_path, monkeypatch):
+    """A baseline imported from a source tree (no dist-info) is reported as its __version__ "(source)",
+    not "not installed"; a name that neither imports nor is installed stays None."""
+    pkg = tmp_path / "fake_baseline_src"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("__version__ = '9.8.7'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    b = baselines.Baseline("fake_baseline_src", "fake-baseline-src-dist", "9.8.7", (), "test")
+    assert baselines.installed_version(b) is None
+    assert baselines.available_version(b) == "9.8.7 (source)"
+    gone = baselines.Baseline("no_such_baseline_pkg", "no-such-baseline-dist", "1", (), "test")
+    assert baselines.available_version(gone) is None

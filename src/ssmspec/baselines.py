@@ -29,6 +29,7 @@ import csv
 import hashlib
 import importlib
 import importlib.metadata as metadata
+import importlib.util
 import io
 import json
 import logging
@@ -208,6 +209,20 @@ def installed_version(b: Baseline) -> str | None:
         return None
 
 
+def available_version(b: Baseline) -> str | None:
+    """What a report should name: the installed distribution's version, or for a source tree on
+    PYTHONPATH (no dist-info) the imported package's ``__version__`` marked "(source)"; None when it is
+    neither installed nor importable."""
+    have = installed_version(b)
+    if have is not None or importlib.util.find_spec(b.name) is None:
+        return have
+    try:
+        module = importlib.import_module(b.name)
+    except Exception:  # noqa: BLE001 - present but broken: check() says why
+        return None
+    return f"{getattr(module, '__version__', 'unknown')} (source)"
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -368,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for b in BASELINES:
         why = import_error(b)
-        version = installed_version(b) or "not installed"
+        version = available_version(b) or "not installed"
         print(f"{b.name:<10} {version:<22} {'ok' if why is None else 'MISSING'}  {b.used_for}")
         if why:
             print(f"{'':<10} {why}")

@@ -177,13 +177,13 @@ def reproduce_report(exp_ids: list[str], profile: str, failed: list[str], *,
     this run wrote (a failed one is listed as such, its older results not read)."""
     from ssmspec.registry import reference_dir
 
-    from ssmspec.baselines import installed_version
+    from ssmspec.baselines import available_version
 
     summaries = [ExperimentSummary(e, "failed") if e in failed else summarize_dir(e, reference_dir(e, profile))
                  for e in exp_ids]
     text = render(summaries, f"summary (profile {profile})")
     if profile == "gpu":  # what the kernel rows were compared against
-        text += "\nbaselines: " + ", ".join(f"{b.name} {installed_version(b) or 'not installed'}" for b in BASELINES)
+        text += "\nbaselines: " + ", ".join(f"{b.name} {available_version(b) or 'not installed'}" for b in BASELINES)
     return text, baseline_error(summaries, profile, allow_missing=allow_missing)
 
 
