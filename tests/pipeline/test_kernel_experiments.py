@@ -62,6 +62,15 @@ def test_unknown_impl_is_refused_before_measuring(cli, tmp_path):
     assert not out.exists()
 
 
+def test_unknown_verify_launch_option_is_refused_before_measuring(cli, tmp_path):
+    out = tmp_path / "run"
+    status, _, err = cli("run", "experiment=replay_fig9_verify_cost", *SMALL,
+                         "bench.verify_sweep=[{gemm:true,blocks:2}]", f"results_dir={out}")
+    assert status == 2
+    assert "unknown launch option(s) ['blocks']" in err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("L,R,accepted,period", [(1, 8, 0, 7), (1, 16, 0, 15), (1, 2, 0, 1), (7, 32, 6, 3),
                                                  (3, 6, 2, 1), (2, 12, 0, 9)])
 def test_count_cycle_follows_the_flush_rule(L, R, accepted, period):

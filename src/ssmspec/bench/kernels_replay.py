@@ -179,6 +179,7 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     from ssmspec.bench import kernels_gdn  # imports this module
     b = cfg.bench
     gdn = kernels_gdn.gdn_presets(b)
+    sweeps = _verify_sweeps(b)  # refused before anything is measured
     ctx = Ctx(cfg)
     ssu_m, _, why = mamba_ssm_ops()
     for preset, z, bsz in mixer_grid(b, device=ctx.device):
@@ -195,4 +196,37 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
                     samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z)
                     yield ctx.row(samples, nbytes, **base, impl="replay", S=S, L=L, R=R, accepted=a,
                                   flush_period=len(cyc))
+        if ctx.cuda:  # other launches of the state kernel at S = sweep_S (GPU only): the evidence for the defaults
+            yield from _verify_sweep_rows(ctx, b, sweeps, bsz, z, base)
     yield from kernels_gdn.verify_rows(ctx, b, gdn)
+
+
+_SWEEP_KEYS = {"gemm": bool, "precision": str, "block_p": int, "num_warps": int, "window_warps": int}
+
+
+def _verify_sweeps(b) -> list[dict]:
+    """``bench.verify_sweep`` as typed launch options, an unknown key refused with the known ones."""
+    out = []
+    for opts in b.get("verify_sweep", []):
+        opts = dict(opts)
+        bad = sorted(set(opts) - set(_SWEEP_KEYS))
+        if bad:
+            raise ValueError(f"bench.verify_sweep: unknown launch option(s) {bad}; use {sorted(_SWEEP_KEYS)}")
+        out.append({k: _SWEEP_KEYS[k](v) for k, v in opts.items()})
+    return out
+
+
+def _verify_sweep_rows(ctx: Ctx, b, sweeps: list[dict], bsz: int, z: dict, base: dict) -> Iterator[dict]:
+    """``bench.verify_sweep``: launch options of ``replay_verify_triton`` (gemm, precision, block_p, num_warps,
+    window_warps), each timed at S = ``bench.sweep_S`` for every R and accepted count (impl replay-sweep, the
+    options as columns)."""
+    S = int(b.get("sweep_S", 6))
+    L = S + 1
+    for opts in sweeps:
+        for R in b.R:
+            if R < L:
+                continue
+            for a in range(S + 1):
+                samples, nbytes, cyc = replay_measure(ctx, bsz, L, R, a, z, **opts)
+                yield ctx.row(samples, nbytes, **base, impl="replay-sweep", S=S, L=L, R=R, accepted=a,
+                              flush_period=len(cyc), **opts)

@@ -171,12 +171,14 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
                  y_ptr, L, R, P, N, heads_per_group,
                  S_b, S_h, S_p, S_n, rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, rB_b, rB_r, rB_g, rB_n,
                  C_b, C_l, C_g, C_n, y_b, y_l, y_h, y_p,
-                 HAS_FLUSH: tl.constexpr, DOT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_LD: tl.constexpr):
+                 HAS_FLUSH: tl.constexpr, DOT: tl.constexpr, PRECISION: tl.constexpr, BLOCK_P: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_LD: tl.constexpr):
     """The state part, per (sequence, head, BLOCK_P rows): one load of the checkpoint tile; where the sequence
     flushes, the fold of its committed entries and the only state store; y_s = dec_s·(S0 C_s) + part_s.
     Default: one rank-1 update per folded entry and one row reduction per token. DOT (``gemm=True``): the
-    fold and the readout as tensor-core GEMMs (tf32x3, fp32-accurate) -- slower on an H100 at every L tried."""
+    fold and the readout as tensor-core GEMMs at ``PRECISION`` (tf32x3: fp32-accurate; tf32: one pass, the
+    state rounded to a 10-bit mantissa, 8x finer than the bf16 output it feeds), so neither grows with the
+    number of tokens folded or read."""
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -203,7 +205,7 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
                           mask=live[None, :] & mask_p[:, None], other=0.0).to(tl.float32)  # (BLOCK_P, BLOCK_R)
             Bo = tl.load(rB_ptr + b * rB_b + old[:, None] * rB_r + g * rB_g + offs_n[None, :] * rB_n,
                          mask=live[:, None] & mask_n[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_N)
-            S = tl.exp(tot) * S + tl.dot(XoT * wo[None, :], Bo, input_precision="tf32x3")
+            S = tl.exp(tot) * S + tl.dot(XoT * wo[None, :], Bo, input_precision=PRECISION)
         else:
             for j in range(0, c0):  # the recurrence itself, one rank-1 update per entry (flush steps only)
                 slot = (h0 + j) % R
@@ -219,7 +221,7 @@ def _main_kernel(S_ptr, rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, flush_ptr,
         mask_s = offs_s < L
         Ct = tl.load(C_ptr + b * C_b + offs_s[None, :] * C_l + g * C_g + offs_n[:, None] * C_n,
                      mask=mask_s[None, :] & mask_n[:, None], other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_LD)
-        Y = tl.dot(S, Ct, input_precision="tf32x3")
+        Y = tl.dot(S, Ct, input_precision=PRECISION)
         dec = tl.load(dec_ptr + (b * L + offs_s) * H + h, mask=mask_s, other=0.0)  # (BLOCK_LD,)
         m2 = mask_p[:, None] & mask_s[None, :]
         part = tl.load(part_ptr + ((b * L + offs_s[None, :]) * H + h) * P + offs_p[:, None], mask=m2, other=0.0)
@@ -290,14 +292,16 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
                          x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                          dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor | None = None,
                          tree_mask: Tensor | None = None, block_p: int | None = None,
-                         num_warps: int | None = None, gemm: bool | None = None,
+                         num_warps: int | None = None, gemm: bool | None = None, precision: str | None = None,
                          window_warps: int | None = None) -> Tensor:
     """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``). ``block_p`` / ``num_warps`` / ``gemm``
     override the hand-picked launch of the state kernel and ``window_warps`` that of the window kernel
     (benchmark sweeps; decode at batch 256, R = 16 on an H100: window kernel 21 / 32 / 55 us at 1 / 2 / 4 warps
     for the Nemotron-H-4B mixer, 15 / 24 / 40 us for Mamba2-2.7B's); ``gemm=True`` runs its fold and
     readout as tf32x3 tensor-core GEMMs instead of rank-1 updates and row reductions (slower on an H100 at
-    every L measured, 1..7: kept selectable for other GPUs and for the record)."""
+    every L measured, 1..7: kept selectable for other GPUs and for the record); ``precision`` is that GEMM's
+    tl.dot input precision (default tf32 for 16-bit inputs, whose outputs are rounded far coarser, and
+    tf32x3 for fp32 inputs)."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -348,12 +352,16 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         TREE=tree_mask is not None, MATRIX=matrix, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
         num_warps=window_warps or (4 if matrix else 1))  # decode: latency-bound, more programs resident
     use_dot = bool(gemm)
+    if precision is None:
+        precision = "tf32" if x.dtype in (torch.bfloat16, torch.float16) else "tf32x3"
+    if precision not in ("tf32", "tf32x3", "ieee"):
+        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     bp, nw = _main_blocks(P, N, L, use_dot)
     bp, nw = block_p or bp, num_warps or nw
     _main_kernel[(triton.cdiv(P, bp), bsz, H)](
         S0, ring_x, ring_dt, ring_B, head, count, flag, A, C, part, dec, y, L, R, P, N, H // G,
         *S0.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), *C.stride(), *y.stride(),
-        HAS_FLUSH=has_flush, DOT=use_dot, BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_LD=max(16, BL), num_warps=nw)
+        HAS_FLUSH=has_flush, DOT=use_dot, PRECISION=precision, BLOCK_P=bp, BLOCK_N=BN, BLOCK_R=BR, BLOCK_LD=max(16, BL), num_warps=nw)
     APPEND = 1024
     _append_kernel[(bsz, L, triton.cdiv(H * P, APPEND))](
         ring_x, ring_dt, ring_B, head, count, win, x, dt, B, dt_bias if dt_bias is not None else dummy(A),
