@@ -204,6 +204,34 @@ def test_oracle_acceptance_rate_is_p():
         assert abs((acc >= k).double().mean().item() - p ** k) < 0.06
 
 
+@pytest.mark.parametrize("tree", [None, "A"])
+def test_forced_oracle_keeps_its_acceptance_when_the_target_disagrees_with_the_reference(tree):
+    """A target whose argmax is never the reference's token (a bf16 run that left it): compared drafts are
+    never accepted; forced drafts are accepted exactly along their kept nodes -- the counts of a target that
+    agrees -- and the bonus is still the target's own argmax."""
+    kw = dict(tree=tree) if tree else dict(draft_len=4)
+    V = 50
+    counts, bonus = {}, {}
+    for forced, agree in ((False, False), (True, False), (True, True), (False, True)):
+        acc, bon = [], []
+        for truth, drafts in _oracle_steps(Oracle(p=0.7, reference=REF, vocab_size=V, seed=5, forced=forced, **kw),
+                                           60, 1):
+            assert (drafts.match is not None) == forced
+            depth = drafts.depths_with_root()  # (B, 1+T): node i is followed by the true token of depth d_i + 1
+            nxt = torch.cat([truth, truth[:, -1:]], 1).gather(1, depth)
+            # agreeing target: argmax = the reference's next token; disagreeing: token V, which no draft holds
+            logits = torch.nn.functional.one_hot(nxt if agree else torch.full_like(nxt, V), V + 1).float()
+            v = GreedyVerifier().verify(logits, drafts)
+            acc.append(v.accepted)
+            bon.append(v.bonus)
+        counts[forced, agree], bonus[forced, agree] = torch.cat(acc), torch.cat(bon)
+    assert counts[False, False].sum() == 0
+    assert torch.equal(counts[True, False], counts[True, True])
+    assert torch.equal(counts[True, True], counts[False, True])  # forced == compared when the target agrees
+    assert counts[True, False].double().mean() > 0.5
+    assert (bonus[True, False] == V).all()  # the target's own argmax, not the reference's
+
+
 def test_oracle_tree_and_seeding():
     o = Oracle(p=1.0, tree="A", reference=REF, vocab_size=50)
     assert o.is_tree and o.spec.tree_size == 12 and o.spec.draft_len == 4

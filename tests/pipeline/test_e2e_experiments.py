@@ -135,3 +135,19 @@ def test_fig8_oracle_at_alpha_half_gives_the_stated_mean_acceptance(cli, tmp_pat
     # truncated geometric, P(a >= k) = 0.5^k: mean 0.75, sd 0.83 per step; 160 steps -> 4 standard errors 0.26
     assert abs(r["mean_accepted"] - expected_accepted(0.5, 2)) < 0.26
     assert abs(r["accepted_hist"]["0"] / n - 0.5) < 4 * (0.25 / n) ** 0.5
+
+
+def test_fig8_forced_and_compared_oracles_agree_where_the_reference_holds(cli, tmp_path):
+    """On fp32 CPU the target follows its reference, so the forced oracle (the default) and token comparison
+    see the same accepted counts; an unknown mode is refused before anything runs."""
+    hists = {}
+    for mode in ("forced", "compare"):
+        rows = _run(cli, tmp_path / mode, FIG8, f"bench.oracle={mode}", "bench.alpha=0.6", "bench.snapshot_S=[]",
+                    "bench.replay_S=[3]", "bench.presets=[tiny-mamba2]", "bench.batch=[4]", plot=False)
+        r = next(r for r in rows if r["S"] == 3)
+        assert r["oracle"] == mode and r["ref_match"] == 1.0
+        hists[mode] = r["accepted_hist"]
+    assert hists["forced"] == hists["compare"]
+    out = tmp_path / "bad"
+    status, _, err = cli("run", *FIG8, "bench.oracle=always", f"results_dir={out}")
+    assert status == 2 and "bench.oracle must be forced or compare" in err and not out.exists()

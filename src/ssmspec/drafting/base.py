@@ -21,6 +21,10 @@ class DraftTree:
     q: Tensor | None = None  # (B, T, V) drafter's distribution each token was drawn from (None: deterministic)
     num_chains: int = 0  # D when the tree is D disjoint chains of equal length, else 0
     depth: int = 0  # static max depth when the drafter knows it (0: unknown, max_depth() syncs the host)
+    # (B, T) bool or None: the drafter vouches that these nodes are the target's next token (the forced
+    # oracle, for step-cost benchmarks on random bf16 weights); greedy verification then takes its word
+    # instead of comparing tokens, so the accepted counts do not depend on near-tie argmax flips
+    match: Tensor | None = None
 
     @property
     def size(self) -> int:  # T

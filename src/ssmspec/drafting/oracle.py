@@ -12,6 +12,13 @@ accepted length is a truncated geometric: P(a >= k) = p^k. Trees (``tree``: a st
 parents list): every node independently carries the true token of its depth with probability p.
 Seeded (``seed``); meant for greedy runs (with sampling the history leaves the greedy reference).
 
+``forced=True`` (the throughput experiments): the drafts also carry ``match`` = the kept nodes, and greedy
+verification accepts exactly those. With fp32 weights this changes nothing (kept tokens are the target's
+tokens); with random bf16 weights a near-tie argmax of a speculative step can differ from the
+autoregressive reference, after which every kept token would be rejected and the acceptance would fall far
+below p. Forced, the accepted counts are the designed truncated geometric whatever the numerics; the
+emitted tokens are the drafts along the accepted path, then the target's own bonus token.
+
 Runs on the device (``on_device``): the references live in one (B, horizon) tensor, the position in them
 is read from the engine's ``TokenBuffer`` (tokens emitted so far), and the Bernoulli draws come from a
 generator on the target's device, so ``propose_device`` is captured in the engine's drafter graph.
@@ -35,7 +42,7 @@ class Oracle(DrafterBase):
 
     def __init__(self, *, p: float = 0.8, draft_len: int | None = None, num_drafts: int | None = None,
                  tree=None, reference: list[list[int]] | None = None, target=None, horizon: int = 256,
-                 vocab_size: int | None = None, seed: int = 0) -> None:
+                 vocab_size: int | None = None, seed: int = 0, forced: bool = False) -> None:
         super().__init__()
         p = float(p)
         if not (0.0 <= p <= 1.0):
@@ -59,11 +66,12 @@ class Oracle(DrafterBase):
         if horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
         self.p, self.reference, self.target, self.horizon, self.seed = p, reference, target, horizon, seed
+        self.forced = bool(forced)
         self.vocab_size = vocab_size if vocab_size is not None else (target.cfg.vocab_size if target is not None else None)
         self._record(p=p, draft_len=self.spec.draft_len if tree is None else None,
                      num_drafts=self.spec.num_drafts if tree is None else None,
                      tree=tree if tree is None or isinstance(tree, str) else list(self.parents), horizon=horizon,
-                     seed=seed)
+                     seed=seed, forced=self.forced)
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         self.device = torch.device(device)
@@ -114,8 +122,11 @@ class Oracle(DrafterBase):
         shift = 1 + torch.randint(self.vocab_size - 1, (bsz, T), generator=self.gen, device=true.device)  # never 0
         tokens = torch.where(keep, true, (true + shift) % self.vocab_size)
         if self.parents is None:
-            return DraftTree.from_chains(tokens.reshape(bsz, self.spec.num_drafts, self.spec.draft_len))
-        return DraftTree(tokens, self.parents_t, None, 0, self.spec.draft_len)
+            drafts = DraftTree.from_chains(tokens.reshape(bsz, self.spec.num_drafts, self.spec.draft_len))
+        else:
+            drafts = DraftTree(tokens, self.parents_t, None, 0, self.spec.draft_len)
+        drafts.match = keep if self.forced else None
+        return drafts
 
     def propose_device(self, buf: TokenBuffer) -> DraftTree:
         return self._draw(self._truth(buf.length - buf.prompt_len)[:, self.depth_idx])

@@ -183,6 +183,8 @@ class DecodeStep:
         s.parents.copy_(drafts.parents)
         if s.q is not None:
             s.q.copy_(drafts.q)
+        if s.match is not None:
+            s.match.copy_(drafts.match)
 
     def forward(self) -> tuple[StepInputs, Tensor]:
         """Layout -> model: the verify forward of one step, (its StepInputs, logits (rows, L, V)); the first half

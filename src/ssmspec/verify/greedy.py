@@ -1,5 +1,6 @@
 """Greedy verification of chains and trees (temperature 0): accept a draft node when its token is the
-target's argmax at its parent; keep the deepest fully accepted path; the bonus is the argmax there."""
+target's argmax at its parent; keep the deepest fully accepted path; the bonus is the argmax there.
+Drafts that carry ``match`` (the forced oracle) are accepted where it says so instead (same work)."""
 from __future__ import annotations
 
 import torch
@@ -23,7 +24,10 @@ class GreedyVerifier:
         ok[:, 0] = True
         for i in range(1, n):  # topological order: a node is accepted when its parent is and it matches
             p = par[:, i]
-            ok[:, i] = ok.gather(1, p[:, None])[:, 0] & (drafts.tokens[:, i - 1] == target.gather(1, p[:, None])[:, 0])
+            same = drafts.tokens[:, i - 1] == target.gather(1, p[:, None])[:, 0]
+            if drafts.match is not None:
+                same = drafts.match[:, i - 1]
+            ok[:, i] = ok.gather(1, p[:, None])[:, 0] & same
         depth = drafts.depths_with_root()
         score = torch.where(ok, depth, torch.full_like(depth, -1))
         best = score.argmax(dim=1)  # deepest accepted node (first in topological order on ties)
