@@ -279,11 +279,15 @@ def _append_kernel(rx_ptr, rdt_ptr, rB_ptr, head_ptr, count_ptr, win_ptr, x_ptr,
 
 def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
     """(BLOCK_P, num_warps) of the state kernel, chosen by hand (it writes S0 in place on flush steps, so it is
-    never autotuned; evidence: the ``sweep`` rows of replay_fig7_buffer and the multistep sweep in
-    ``ops/multistep/triton.py:_blocks``). 16 rows x N = 128 is 8 KB of fp32 state a program: at 4 warps
-    enough bytes in flight per program for single-token decode while the grid (P/16 x B x H) fills the GPU;
-    multi-token calls are bound by one row reduction per token, which one warp keeps inside the warp (L = 7,
-    R = 32, batch 256, Nemotron-H-4B mixer: 550 us at 1 warp, 635 at 2, 698 at 4). The GEMM form needs M >= 16."""
+    never autotuned; evidence: the ``sweep`` rows of replay_fig7_buffer and ``verify_sweep`` rows of
+    replay_fig9_verify_cost). Single-token decode: 16 rows x N = 128 is 8 KB of fp32 state a program, at 4
+    warps enough bytes in flight per program while the grid (P/16 x B x H) fills the GPU. Multi-token calls
+    (the GEMM form): all of P (up to 64 rows) in one program at 4 warps, so each C tile and each folded ring
+    entry is loaded once per head (L = 7, R = 32, batch 256, Nemotron-H-4B mixer on an H100, 0..6 accepted:
+    0.88-1.08x of one mamba_ssm decode step at 64 rows, 0.93-1.13x at 32, 0.99-1.19x at 16). The row-
+    reduction form (``gemm=False``) keeps one warp: one reduction per token stays inside the warp."""
+    if dot and L > 1:
+        return min(64, max(16, triton.next_power_of_2(P))), 4
     bp = 16 if N >= 64 else 32
     return min(bp, max(16, triton.next_power_of_2(P))), (4 if L <= 1 or dot else 1)
 
@@ -299,9 +303,10 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     (benchmark sweeps; decode at batch 256, R = 16 on an H100: window kernel 21 / 32 / 55 us at 1 / 2 / 4 warps
     for the Nemotron-H-4B mixer, 15 / 24 / 40 us for Mamba2-2.7B's); ``gemm=True`` runs its fold and
     readout as tf32x3 tensor-core GEMMs instead of rank-1 updates and row reductions (slower on an H100 at
-    every L measured, 1..7: kept selectable for other GPUs and for the record); ``precision`` is that GEMM's
-    tl.dot input precision (default tf32 for 16-bit inputs, whose outputs are rounded far coarser, and
-    tf32x3 for fp32 inputs)."""
+    every L measured, 1..7, with tf32x3); ``precision`` is that GEMM's tl.dot input precision (default tf32 for
+    16-bit inputs, whose outputs are rounded far coarser, and tf32x3 for fp32 inputs). ``gemm`` defaults to
+    the GEMM form for multi-token calls of 16-bit inputs (tf32: 0.88-1.08x of a decode step at S = 6, R = 32
+    on an H100, where the row reductions took 1.11-1.56x) and to the row reductions otherwise."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -351,9 +356,10 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
         TREE=tree_mask is not None, MATRIX=matrix, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
         num_warps=window_warps or (4 if matrix else 1))  # decode: latency-bound, more programs resident
-    use_dot = bool(gemm)
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    use_dot = (L > 1 and half) if gemm is None else bool(gemm)
     if precision is None:
-        precision = "tf32" if x.dtype in (torch.bfloat16, torch.float16) else "tf32x3"
+        precision = "tf32" if half else "tf32x3"
     if precision not in ("tf32", "tf32x3", "ieee"):
         raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     bp, nw = _main_blocks(P, N, L, use_dot)
