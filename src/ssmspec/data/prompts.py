@@ -135,9 +135,9 @@ def gsm8k_rows(*, download: bool = True) -> list[dict]:
                      f"data=mtbench or data=synthetic")
 
 
-def _gsm8k() -> list[Prompt]:
+def _gsm8k(download: bool = True) -> list[Prompt]:
     return [Prompt(id=f"gsm8k/{i}", text=f"Question: {r['question']}\nAnswer:", meta={"answer": r["answer"]})
-            for i, r in enumerate(gsm8k_rows())]
+            for i, r in enumerate(gsm8k_rows(download=download))]
 
 
 # tokenisation ------------------------------------------------------------------------------------
@@ -153,14 +153,15 @@ def _chat_ids(tokenizer, text: str) -> list[int]:
 
 
 def load_prompts(name: str, n: int | None = None, tokenizer=None, *, max_prompt_len: int | None = None,
-                 chat: bool = False, turn: int = 1) -> list[Prompt]:
+                 chat: bool = False, turn: int = 1, download: bool = True) -> list[Prompt]:
     """The first ``n`` prompts (all when None) of ``humaneval``, ``mtbench`` or ``gsm8k``.
 
     ``tokenizer``: fills ``Prompt.tokens`` (anything with ``encode``; see ``ssmspec.data.load_tokenizer``).
     ``max_prompt_len``: keep the last that many tokens (the end of a prompt is what the model continues).
     ``chat``: wrap each prompt as a user turn (chat template). ``turn``: MT-Bench turn (1 or 2).
+    ``download``: False reads local copies only (GSM8K: no hub request; a missing set raises with the fix).
     """
-    readers = {"humaneval": _humaneval, "mtbench": lambda: _mtbench(turn), "gsm8k": _gsm8k}
+    readers = {"humaneval": _humaneval, "mtbench": lambda: _mtbench(turn), "gsm8k": lambda: _gsm8k(download)}
     if name not in readers:
         raise ValueError(f"unknown prompt set {name!r}; choose one of: {', '.join(DATASETS)} "
                          f"(random token prompts: data=synthetic)")
@@ -177,9 +178,31 @@ def load_prompts(name: str, n: int | None = None, tokenizer=None, *, max_prompt_
     return prompts
 
 
-def prompts_from_config(data_cfg, tokenizer=None) -> list[Prompt]:
+def prompts_from_config(data_cfg, tokenizer=None, *, download: bool = True) -> list[Prompt]:
     """``load_prompts`` from a conf/data/<name>.yaml node (``name``, ``num_prompts``, ``max_prompt_len``,
     ``chat``, ``turn``)."""
     d = dict(data_cfg)
     return load_prompts(d["name"], d.get("num_prompts"), tokenizer, max_prompt_len=d.get("max_prompt_len"),
-                        chat=bool(d.get("chat", False)), turn=int(d.get("turn", 1)))
+                        chat=bool(d.get("chat", False)), turn=int(d.get("turn", 1)), download=download)
+
+
+def set_configs(data_cfg) -> list[dict]:
+    """The prompt-set nodes a ``data=`` choice stands for: ``benchmarks`` (conf/data/benchmarks.yaml) expands to
+    conf/data/<set>.yaml of each of its ``sets``, with its non-null ``num_prompts`` / ``max_prompt_len`` applied
+    to every set; any other choice is itself."""
+    import yaml
+
+    d = dict(data_cfg)
+    if d.get("name") != "benchmarks":
+        return [d]
+    out = []
+    for name in d.get("sets") or []:
+        path = Path(paths.CONF_DIR) / "data" / f"{name}.yaml"
+        if name not in DATASETS or not path.is_file():
+            raise ValueError(f"data.sets may hold {', '.join(DATASETS)} (conf/data/<name>.yaml), got {name!r}")
+        node = yaml.safe_load(path.read_text(encoding="utf-8"))
+        node.update({k: d[k] for k in ("num_prompts", "max_prompt_len") if d.get(k) is not None})
+        out.append(node)
+    if not out:
+        raise ValueError("data.sets is empty; name at least one of " + ", ".join(DATASETS))
+    return out
