@@ -1,0 +1,434 @@
+"""Snakes and Ladders end to end (seed 001): ``snl_tab5_e2e`` (Table 5) and ``snl_fig4_multiseq`` (Fig. 4).
+
+Both decode real prompt sets (``data=``: conf/data/{mtbench,gsm8k,humaneval,synthetic,benchmarks}.yaml; local
+copies only, ``python -m ssmspec.data.fetch`` puts them there) through the engine (``ssmspec.engine.Engine``,
+the captured step generate() replays). Prompts are tokenised with the model's tokenizer (byte-level on random
+weights), left-padded to the longest prompt of the set and decoded in groups of ``batch`` for exactly
+``new_tokens`` tokens each (no EOS: every line emits the same number of tokens). One engine per line is
+built once, warmed up on the first group (``bench.warmup`` groups, untimed: on CUDA the first step captures the
+graphs), and re-prefilled for every group, so the timed steps are graph replays.
+
+Throughput is decode tokens per second: the tokens the decode steps emit (the first token comes from the
+prefill) over the summed step times (CUDA events around each step; perf_counter on CPU), from the first decode
+step to the one that finishes the group's last sequence. Prefill is timed apart (``prefill_ms_p50``): it is the
+same for every line and seed 001's numbers are decode rates (70 tokens/s = its 14.1 ms step). Per line the
+rows carry the group times (``samples_ms``, one per group: the end-to-end latency of ``new_tokens`` tokens),
+the step times summary, ``speedup`` = tokens/s over the autoregressive line of the same set and run.
+
+Acceptance, stated (issue 9). Drafts are PNG(S, D) chains -- D drafts of S tokens -- from one of two drafters
+(``bench.drafter``; ``auto``: ``png`` with ``checkpoint=``, ``oracle`` on random weights):
+
+- ``png`` (``drafting/png.py``): the prompt n-gram lookup on the device; rows say ``acceptance: measured``.
+- ``oracle`` (``drafting/oracle.py``): every draft token is the target's own next greedy token with
+  probability alpha, independently per token and per chain; the truth is the autoregressive line's output for
+  the same group (greedy verification is lossless, so the speculative run emits that same continuation). A chain
+  then accepts P(a >= k) = alpha^k, and the best of D chains E[a] = sum_k 1 - (1 - alpha^k)^D
+  (``expected_accepted_chains``). Rows say ``acceptance: oracle`` and alpha.
+
+Every speculative row records ``mean_accepted`` and ``accepted_hist`` as the engine's reports saw them (running
+sequences only) and ``ref_match``: the share of sequences whose output equals the autoregressive line's (1.0
+unless a near-tie argmax flipped under other numerics). A set that is not on disk is a ``status: skipped`` row
+naming the fetch command; an engine that cannot fit is a ``status: skipped`` row naming both byte counts.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ssmspec import config as C
+from ssmspec.bench.e2e import _is_oom, plan_point
+from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.bench.timing import summarize
+from ssmspec.data.prompts import FETCH_HINT, prompts_from_config, set_configs
+from ssmspec.data.tokenizers import load_tokenizer
+from ssmspec.drafting.oracle import Oracle
+from ssmspec.drafting.png import PromptNgram
+from ssmspec.engine import Engine
+from ssmspec.strategies import SpecConfig
+
+log = logging.getLogger("ssmspec.bench.e2e_snl")
+
+SPEC_STRATEGIES = ("joint_attainment", "activation_replay")
+DRAFTERS = ("auto", "oracle", "png")
+# Seed 001 Table 5 (Mamba-2, A10G, tokens/s): PNG(6, 2) with joint attainment / activation replay (ARP)
+PAPER_TAB5 = {"autoregressive": {"mtbench": 70.36, "gsm8k": 70.37, "humaneval": 70.26},
+              "joint_attainment": {"mtbench": 112.67, "gsm8k": 137.49, "humaneval": 133.64},
+              "activation_replay": {"mtbench": 103.80, "gsm8k": 122.73, "humaneval": 120.66}}
+PAPER_MEAN_SPEEDUP = {"joint_attainment": 1.82, "activation_replay": 1.64}
+
+
+def expected_accepted_chains(alpha: float, S: int, D: int) -> float:
+    """Mean accepted drafts of the best of D independent oracle chains of S tokens (greedy verification):
+    P(max a >= k) = 1 - (1 - alpha^k)^D, summed over k = 1..S. D = 1: the truncated geometric sum_k alpha^k."""
+    return sum(1.0 - (1.0 - alpha ** k) ** D for k in range(1, S + 1)) if D else 0.0
+
+
+class GroupOracle(Oracle):
+    """The oracle drafter, re-armed in place for every group an engine decodes: ``reference`` is set before each
+    prefill and ``reset`` copies it into the tensors the first reset made (a captured drafter graph reads those
+    very tensors and advances that generator; new ones would be invisible to it). References must keep one width."""
+
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        if getattr(self, "ref", None) is None:
+            return super().reset(prompts, batch=batch, device=device, max_new_tokens=max_new_tokens)
+        ref = torch.tensor(self.reference, dtype=torch.long)
+        if ref.shape != self.ref.shape:
+            raise ValueError(f"GroupOracle: references of shape {tuple(ref.shape)} after {tuple(self.ref.shape)}; "
+                             f"pad every group's references to one width")
+        self.ref.copy_(ref)
+        self.plen.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.long))
+
+
+@dataclass
+class PromptSet:
+    """One prompt set's token lists, or why it was skipped."""
+
+    name: str
+    prompts: list[list[int]] = field(default_factory=list)
+    reason: str | None = None  # not None: skipped
+
+
+def load_sets(cfg: DictConfig, tokenizer, vocab_size: int) -> list[PromptSet]:
+    """The prompt sets of ``cfg.data`` (``data/prompts.py:set_configs``), tokenised; never downloads."""
+    out = []
+    for d in set_configs(OmegaConf.to_container(cfg.data, resolve=True)):
+        name = str(d["name"])
+        if name == "synthetic":
+            n = int(d.get("num_prompts") or 8)
+            ids = synthetic_prompts(n, int(d["prompt_len"]), vocab_size, seed=int(d.get("seed", 0)),
+                                    min_token_id=int(d.get("min_token_id", 3)))
+            out.append(PromptSet(name, ids.tolist()))
+            continue
+        try:
+            prompts = prompts_from_config(d, tokenizer, download=False)
+        except ValueError as e:
+            out.append(PromptSet(name, reason=f"{e} ({FETCH_HINT})" if FETCH_HINT not in str(e) else str(e)))
+            continue
+        toks = [p.tokens for p in prompts if p.tokens]
+        bad = [t for p in toks for t in p if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{name}: token ids up to {max(bad)} do not fit the model's vocabulary of {vocab_size}; "
+                             f"use the checkpoint's own tokenizer (its files next to config.json)")
+        out.append(PromptSet(name, toks) if toks else PromptSet(name, reason=f"{name} has no prompts"))
+    return out
+
+
+@dataclass
+class Decoded:
+    """One group decoded by an engine."""
+
+    sequences: list[list[int]]  # emitted tokens per sequence (the prefill's first token first)
+    step_ms: list[float]  # decode steps, up to the one that finished the last sequence
+    accepted: list[int]  # accepted drafts of every running sequence in every step
+    emitted: int  # tokens the decode steps emitted (the prefill's first tokens excluded)
+    prefill_ms: float
+    full: list[list[int]] | None = None  # autoregressive line: the output past the budget (``Runner._cut``)
+
+
+def pad_group(prompts: list[list[int]], width: int, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists to ``width`` columns: ids, valid (B, width)."""
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        valid[b, width - len(p):] = True
+    return ids.to(device), valid.to(device)
+
+
+@torch.no_grad()
+def decode(eng: Engine, ids: torch.Tensor, valid: torch.Tensor, prompts: list[list[int]]) -> Decoded:
+    """Prefill one group into ``eng`` and step until every sequence has its ``max_new_tokens`` (generate()'s
+    loop: the host reads each report one step late on CUDA; the step launched past the end emits nothing and
+    is not counted)."""
+    if eng.cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    first = eng.prefill(ids, valid, prompts)  # syncs (host copy of the report)
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+    seqs = [list(t) for t in first.tokens]
+    steps, accepted, emitted = [], [], 0
+    done, lag = all(first.done), 1 if eng.cuda else 0
+    while not done:
+        eng.launch()
+        for rep, seconds in eng.collect(keep=lag):
+            if done:
+                continue
+            steps.append(seconds * 1e3)
+            for b, (toks, a) in enumerate(zip(rep.tokens, rep.accepted)):
+                if toks:  # running before this step
+                    seqs[b].extend(toks)
+                    accepted.append(a)
+                    emitted += len(toks)
+            done = all(rep.done)
+        if len(steps) > eng.step.max_new_tokens + 1:
+            raise RuntimeError("decode did not finish within max_new_tokens steps (engine bug)")
+    eng.collect(keep=0)
+    return Decoded(seqs, steps, accepted, emitted, prefill_ms)
+
+
+@dataclass
+class Line:
+    """One curve or table row: a strategy at D drafts x S (D = 0: autoregressive standard decode)."""
+
+    strategy: str
+    drafts: int
+    S: int
+
+    @property
+    def label(self) -> str:
+        return "autoregressive" if not self.drafts else f"{self.strategy} + PNG({self.S},{self.drafts})"
+
+    @property
+    def spec(self) -> SpecConfig:
+        return SpecConfig(draft_len=self.S, num_drafts=self.drafts) if self.drafts else SpecConfig()
+
+
+def check_common(b: DictConfig, what: str) -> dict:
+    """The knobs both experiments share, checked (ValueError naming the fix)."""
+    strategies = [str(s) for s in b.strategies]
+    bad = sorted(set(strategies) - set(SPEC_STRATEGIES))
+    if not strategies or bad:
+        raise ValueError(f"{what}: bench.strategies takes {', '.join(SPEC_STRATEGIES)}, got {strategies}")
+    if str(b.drafter) not in DRAFTERS:
+        raise ValueError(f"{what}: bench.drafter is one of {', '.join(DRAFTERS)}, got {b.drafter!r}")
+    if not 0.0 <= float(b.alpha) <= 1.0:
+        raise ValueError(f"{what}: bench.alpha is the oracle's per-token acceptance of each chain, in [0, 1]; "
+                         f"got {b.alpha}")
+    if int(b.S) < 1 or int(b.new_tokens) < 2 or int(b.ngram) < 1:
+        raise ValueError(f"{what}: need bench.S >= 1, bench.ngram >= 1 and bench.new_tokens >= 2 (one from the "
+                         f"prefill, the rest from decode steps); got S={b.S}, ngram={b.ngram}, "
+                         f"new_tokens={b.new_tokens}")
+    if not b.presets:
+        raise ValueError(f"{what}: bench.presets is empty; name a model preset (e.g. bench.presets=[mamba2-2.7b])")
+    return dict(strategies=strategies, S=int(b.S), new_tokens=int(b.new_tokens), warmup=int(b.warmup),
+                alpha=float(b.alpha), ngram=int(b.ngram))
+
+
+def drafter_kind(cfg: DictConfig) -> str:
+    kind = str(cfg.bench.drafter)
+    return ("png" if cfg.get("checkpoint") else "oracle") if kind == "auto" else kind
+
+
+class Runner:
+    """Decodes groups of one prompt set with one model, line by line (module doc)."""
+
+    def __init__(self, cfg: DictConfig, model, preset: str, pset: PromptSet, *, batch: int, groups: int | None,
+                 s: dict) -> None:
+        self.cfg, self.model, self.preset, self.pset, self.s = cfg, model, preset, pset, s
+        self.batch, self.kind = batch, drafter_kind(cfg)
+        n = len(pset.prompts) // batch * batch  # the paper drops a last batch that is not full
+        if groups is not None:
+            n = min(n, groups * batch)
+        self.groups = [pset.prompts[i:i + batch] for i in range(0, n, batch)]
+        self.width = max((len(p) for g in self.groups for p in g), default=0)
+        self.graph = C.use_cuda_graph(cfg.bench.get("cuda_graph", "auto"), str(cfg.device))
+        self.reference: list[list[list[int]]] | None = None  # autoregressive output per group
+
+    def base(self, line: Line) -> dict:
+        spec = bool(line.drafts)
+        oracle = spec and self.kind == "oracle"
+        return dict(model=self.preset, set=self.pset.name, line=line.label, strategy=line.strategy,
+                    drafts=line.drafts, S=line.S if spec else 0, batch=self.batch, groups=len(self.groups),
+                    prompts=len(self.groups) * self.batch, prompt_len_max=self.width,
+                    new_tokens=self.s["new_tokens"], dtype=C.dtype_name(self.model.dtype),
+                    drafter=self.kind if spec else "none",
+                    acceptance=("oracle" if oracle else "measured") if spec else "none",
+                    alpha=self.s["alpha"] if oracle else None,
+                    expected_accepted=expected_accepted_chains(self.s["alpha"], line.S, line.drafts) if oracle else None,
+                    ngram=self.s["ngram"] if spec and self.kind == "png" else None)
+
+    def _drafter(self, line: Line):
+        if not line.drafts:
+            return None
+        if self.kind == "png":
+            return PromptNgram(ngram=self.s["ngram"], num_drafts=line.drafts, draft_len=line.S)
+        return GroupOracle(p=self.s["alpha"], draft_len=line.S, num_drafts=line.drafts, reference=self.reference[0],
+                           vocab_size=self.model.cfg.vocab_size, seed=int(self.cfg.seed))
+
+    def _padded_refs(self, g: int, S: int) -> list[list[int]]:
+        width = self.s["new_tokens"] + S + 1
+        return [r + [r[-1]] * (width - len(r)) for r in self.reference[g]]
+
+    def run(self, line: Line) -> dict:
+        """Decode every group with one engine for ``line``; one row (status ok / skipped / oom)."""
+        base = self.base(line)
+        if not self.groups:
+            return {**base, "status": "skipped", "reason": f"{self.pset.name} has {len(self.pset.prompts)} prompts, "
+                    f"fewer than one batch of {self.batch}"}
+        if line.drafts and self.kind == "oracle" and self.reference is None:
+            raise RuntimeError("the autoregressive line runs first: it is the oracle's truth (bug)")
+        fit, need, free = plan_point(self.model, line.strategy, batch=self.batch, prompt_len=self.width,
+                                     new_tokens=self.s["new_tokens"], spec=line.spec)
+        if not fit:
+            return {**base, "status": "skipped", "planned_bytes": need,
+                    "reason": f"needs {need} bytes beside the weights, {free} are free"}
+        dev = self.model.device
+        eng = None
+        try:
+            drafter = self._drafter(line)
+            if isinstance(drafter, GroupOracle):
+                drafter.reference = self._padded_refs(0, line.S)
+            # the autoregressive line is the oracle's truth: it decodes S tokens past the budget (the drafts of the
+            # last step look that far), and only its first new_tokens - 1 steps are counted
+            budget = self.s["new_tokens"] + (self.s["S"] if not line.drafts and self.kind == "oracle" else 0)
+            eng = Engine(self.model, batch=self.batch, prefill_len=self.width, max_new_tokens=budget,
+                         strategy=line.strategy, drafter=drafter, spec=line.spec, cuda_graph=self.graph)
+            # untimed warm-up decodes of the first group (on CUDA at least one: its first step captures the graphs)
+            warm = max(self.s["warmup"], 1 if eng.graphed else 0)
+            runs = []
+            for i, g in enumerate([0] * warm + list(range(len(self.groups)))):
+                if isinstance(drafter, GroupOracle):
+                    drafter.reference = self._padded_refs(g, line.S)
+                ids, valid = pad_group(self.groups[g], self.width, self.model.cfg.pad_token_id, dev)
+                out = decode(eng, ids, valid, self.groups[g])
+                if i >= warm:
+                    runs.append(out if line.drafts else self._cut(out))
+            row = self._row(base, eng, runs, need)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_oom(e):
+                raise
+            row = {**base, "status": "oom", "planned_bytes": need, "reason": str(e).splitlines()[0]}
+        del eng
+        release(str(dev))
+        return row
+
+    def _cut(self, out: Decoded) -> Decoded:
+        """An autoregressive decode counted up to the budget: new_tokens - 1 steps of one token per sequence
+        (the whole output stays in ``full`` as the oracle's truth)."""
+        n = self.s["new_tokens"]
+        out.full = out.sequences
+        out.sequences = [s[:n] for s in out.sequences]
+        out.step_ms, out.accepted, out.emitted = out.step_ms[:n - 1], out.accepted[:(n - 1) * self.batch], \
+            (n - 1) * self.batch
+        return out
+
+    def _row(self, base: dict, eng: Engine, runs: list[Decoded], need: int) -> dict:
+        seqs = [s for r in runs for s in r.sequences]
+        if not base["drafts"]:
+            self.reference = [r.full for r in runs]
+        n = self.s["new_tokens"]
+        ref = [s[:n] for g in self.reference for s in g] if self.reference else seqs
+        acc = [a for r in runs for a in r.accepted]
+        steps = [t for r in runs for t in r.step_ms]
+        emitted, seconds = sum(r.emitted for r in runs), sum(steps) * 1e-3
+        group_ms = [sum(r.step_ms) for r in runs]
+        hist = dict(sorted(Counter(acc).items())) if base["drafts"] else {}
+        return {**base, **summarize(group_ms), "samples_ms": group_ms, "status": "ok",
+                "timing": "cuda_graph" if eng.graphed else "eager", "drafter_on_device": eng.drafter_on_device,
+                "tokens_emitted": emitted, "decode_s": seconds, "tokens_per_s": emitted / seconds,
+                "steps": len(steps), "step_ms_p50": summarize(steps)["ms_p50"],
+                "tokens_per_step": emitted / sum(len(r.accepted) for r in runs),
+                "prefill_ms_p50": summarize([r.prefill_ms for r in runs])["ms_p50"],
+                "mean_accepted": sum(acc) / len(acc) if base["drafts"] else 0.0,
+                "accepted_hist": {str(k): v for k, v in hist.items()},
+                "ref_match": sum(a == b for a, b in zip(seqs, ref)) / len(seqs), "planned_bytes": need}
+
+
+def _with_ar(row: dict, ar: dict | None) -> dict:
+    """Add the autoregressive line's tokens/s and the speedup over it (the autoregressive row is its own)."""
+    ar = row if not row["drafts"] else ar
+    ok = row["status"] == "ok" and ar is not None and ar["status"] == "ok"
+    row["ar_tokens_per_s"] = ar["tokens_per_s"] if ok else None
+    row["speedup"] = row["tokens_per_s"] / ar["tokens_per_s"] if ok else None
+    return row
+
+
+def _log(row: dict) -> None:
+    if row["status"] == "ok":
+        log.info("%s %s B=%d %s: %.0f tokens/s (%.2f accepted, ref_match %.2f)", row["model"], row["set"],
+                 row["batch"], row["line"], row["tokens_per_s"], row["mean_accepted"], row["ref_match"])
+        if row["ref_match"] < 1.0 and row["drafts"]:
+            log.warning("%s %s: %.0f%% of sequences left the autoregressive output (a near-tie argmax flipped); "
+                        "the oracle's drafts after that point are wrong", row["set"], row["line"],
+                        100 * (1 - row["ref_match"]))
+
+
+def _models(cfg: DictConfig, b: DictConfig, extra: int) -> Iterator[tuple[str, object]]:
+    """(label, model) per preset (one at a time; a checkpoint replaces the presets), KV room for ``extra``."""
+    for preset in ([str(cfg.checkpoint)] if cfg.get("checkpoint") else [str(p) for p in b.presets]):
+        model = model_for(cfg, preset, extra) if not cfg.get("checkpoint") else C.make_model(cfg, max_seq_len=extra)
+        yield (model.cfg.name if cfg.get("checkpoint") else preset), model
+        del model
+        release(str(cfg.device))
+
+
+def _room(cfg: DictConfig, s: dict, drafts: int) -> int:
+    """KV slots one sequence may need: the longest kept prompt (bounded by max_prompt_len when set) + budget."""
+    longest = max([int(d.get("max_prompt_len") or d.get("prompt_len") or 4096)
+                   for d in set_configs(OmegaConf.to_container(cfg.data, resolve=True))])
+    return longest + s["new_tokens"] + (s["S"] + 1) * max(drafts, 1) + 2
+
+
+def run_snl_tab5(cfg: DictConfig) -> Iterator[dict]:
+    """Table 5: tokens/s of autoregressive and every strategy with PNG(S, D) per prompt set (module doc)."""
+    b = cfg.bench
+    s = check_common(b, "snl_tab5_e2e")
+    D, batch = int(b.drafts), int(b.batch)
+    if D < 1 or batch < 1:
+        raise ValueError(f"snl_tab5_e2e: need bench.drafts >= 1 and bench.batch >= 1, got {D} and {batch}")
+    groups = int(b.groups) if b.get("groups") is not None else None
+    if groups is not None and groups < 1:
+        raise ValueError(f"snl_tab5_e2e: bench.groups is the number of batches per set (null: all), got {groups}")
+    lines = [Line("autoregressive", 0, 0)] + [Line(n, D, s["S"]) for n in s["strategies"]]
+    for preset, model in _models(cfg, b, _room(cfg, s, D)):
+        tok = load_tokenizer(model)
+        for pset in load_sets(cfg, tok, model.cfg.vocab_size):
+            if pset.reason is not None:
+                for line in lines:
+                    yield {**Runner(cfg, model, preset, pset, batch=batch, groups=groups, s=s).base(line),
+                           "status": "skipped", "reason": pset.reason,
+                           "paper_tokens_per_s": PAPER_TAB5.get(line.strategy, {}).get(pset.name)}
+                continue
+            run = Runner(cfg, model, preset, pset, batch=batch, groups=groups, s=s)
+            ar = None
+            for line in track(lines, desc=f"{preset} {pset.name}"):
+                row = _with_ar(run.run(line), ar)
+                ar = row if not line.drafts else ar
+                paper = PAPER_TAB5.get(line.strategy, {}).get(pset.name)
+                row["paper_tokens_per_s"] = paper
+                row["paper_speedup"] = paper / PAPER_TAB5["autoregressive"][pset.name] if paper else None
+                _log(row)
+                yield row
+                if not line.drafts and row["status"] != "ok":
+                    break  # no truth for the oracle, no baseline for the speedups
+
+
+def run_snl_fig4(cfg: DictConfig) -> Iterator[dict]:
+    """Fig. 4: tokens/s vs drafts per sequence (0 = autoregressive) for every batch size, per strategy."""
+    b = cfg.bench
+    s = check_common(b, "snl_fig4_multiseq")
+    drafts = sorted({int(d) for d in b.drafts})
+    batches = [int(x) for x in b.batch]
+    if not drafts or min(drafts) < 0 or not batches or min(batches) < 1:
+        raise ValueError(f"snl_fig4_multiseq: bench.drafts holds draft counts >= 0 and bench.batch sizes >= 1, got "
+                         f"{list(b.drafts)} and {batches}")
+    groups = int(b.groups)
+    if groups < 1:
+        raise ValueError(f"snl_fig4_multiseq: bench.groups (batches decoded per point) must be >= 1, got {groups}")
+    lines = [Line("autoregressive", 0, 0)] + [Line(n, d, s["S"]) for d in drafts if d for n in s["strategies"]]
+    for preset, model in _models(cfg, b, _room(cfg, s, max(drafts))):
+        sets = load_sets(cfg, load_tokenizer(model), model.cfg.vocab_size)
+        if len(sets) != 1:
+            raise ValueError(f"snl_fig4_multiseq groups one prompt set into batches; choose one with data=<set> "
+                             f"(got {len(sets)}: {', '.join(p.name for p in sets)})")
+        pset = sets[0]
+        if pset.reason is not None:
+            raise ValueError(f"snl_fig4_multiseq: {pset.reason}; or choose another set with data=<set>")
+        for batch in track(batches, desc=f"{preset} batches"):
+            run = Runner(cfg, model, preset, pset, batch=batch, groups=groups, s=s)
+            ar = None
+            for line in lines:
+                row = _with_ar(run.run(line), ar)
+                ar = row if not line.drafts else ar
+                row["gain"] = row["speedup"] - 1.0 if row["speedup"] is not None else None
+                _log(row)
+                yield row
+                if not line.drafts and row["status"] != "ok":
+                    break

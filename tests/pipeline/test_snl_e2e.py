@@ -1,0 +1,163 @@
+"""Snakes and Ladders end to end (bench/e2e_snl.py) on CPU: the experiments read the prompt sets from disk (a
+small MT-Bench file written here; HumanEval from its package; GSM8K absent -> skipped rows naming the fetch),
+decode them through the engine with the oracle's stated acceptance or the measured PNG one, stay lossless, and
+draw their figures; one engine decodes group after group with the same output as a fresh generate()."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import yaml
+from pipeline_helpers import PNG_MAGIC, rows_of
+
+from ssmspec import paths
+from ssmspec.bench.e2e import expected_accepted
+from ssmspec.bench.e2e_snl import GroupOracle, decode, expected_accepted_chains, pad_group
+from ssmspec.engine import Engine
+from ssmspec.engine.generate import generate
+from ssmspec.models import build_model, load_preset
+from ssmspec.plots.e2e_snl import fig4_best
+from ssmspec.strategies import SpecConfig
+
+QUESTION = "Compose a haiku about state space models."
+TAB5 = ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9", "data.max_prompt_len=64"]
+FIG4 = ["experiment=snl_fig4_multiseq", "profile=cpu", "bench.new_tokens=8", "bench.batch=[1,2]",
+        "bench.drafts=[0,1,2]", "data.max_prompt_len=16"]
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A data folder holding one MT-Bench question and no GSM8K (the hub is off: nothing may be fetched)."""
+    root = tmp_path / "data"
+    (root / "mtbench").mkdir(parents=True)
+    row = {"question_id": 81, "category": "writing", "turns": [QUESTION, "Now in French."]}
+    (root / "mtbench" / "question.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.setattr(paths, "DATA_DIR", root)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return root
+
+
+def _run(cli, tmp_path: Path, argv: list[str], *extra: str, plot: bool = True) -> list[dict]:
+    out = tmp_path / "run"
+    status, _, err = cli("run", *argv, *extra, f"results_dir={out}")
+    assert status == 0, err
+    if plot:
+        png = tmp_path / "fig.png"
+        status, _, err = cli("plot", argv[0].split("=")[1], "--from", str(out), "--out", str(png))
+        assert status == 0, err
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    return rows_of(out)
+
+
+def test_expected_accepted_of_the_best_chain():
+    for alpha in (0.0, 0.3, 0.8, 1.0):
+        assert expected_accepted_chains(alpha, 5, 1) == pytest.approx(expected_accepted(alpha, 5))
+    assert expected_accepted_chains(1.0, 6, 3) == 6 and expected_accepted_chains(0.5, 6, 0) == 0
+    # two chains of one token: accepted unless both miss
+    assert expected_accepted_chains(0.5, 1, 2) == pytest.approx(0.75)
+    vals = [expected_accepted_chains(0.51, 6, d) for d in (1, 2, 3, 4)]
+    assert vals == sorted(vals) and len(set(vals)) == 4
+    # the stated default reproduces the paper's implied 1.7 accepted drafts per step at PNG(6, 2)
+    b = yaml.safe_load((paths.CONF_DIR / "experiment" / "snl_tab5_e2e.yaml").read_text())["bench"]
+    assert abs(expected_accepted_chains(b["alpha"], b["S"], b["drafts"]) - 1.70) < 0.03
+
+
+def test_one_engine_decodes_group_after_group_like_a_fresh_generate():
+    model = build_model(load_preset("tiny-mamba2"), seed=0, device="cpu", dtype=torch.float32)
+    g = torch.Generator().manual_seed(1)
+    groups = [[torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9)] for _ in range(2)]
+    new, S = 12, 3
+    refs = [generate(model, grp, max_new_tokens=new).sequences for grp in groups]
+    pad = lambda r: [x + [x[-1]] * (new + S + 1 - len(x)) for x in r]  # noqa: E731
+    oracle = GroupOracle(p=1.0, draft_len=S, num_drafts=2, reference=pad(refs[0]), vocab_size=300)
+    eng = Engine(model, batch=2, prefill_len=9, max_new_tokens=new, strategy="activation_replay", drafter=oracle,
+                 spec=SpecConfig(draft_len=S, num_drafts=2), cuda_graph=False)
+    first_ref = None
+    for grp, ref in zip(groups, refs):
+        oracle.reference = pad(ref)
+        ids, valid = pad_group(grp, 9, model.cfg.pad_token_id, "cpu")
+        out = decode(eng, ids, valid, grp)
+        first_ref = oracle.ref if first_ref is None else first_ref
+        assert oracle.ref is first_ref  # re-armed in place: a captured graph reads this very tensor
+        assert out.sequences == ref  # lossless, and nothing of the previous group leaks into this one
+        # every draft is right: (new - 1) decode tokens in steps of S + 1, the last one cut by the budget
+        assert out.emitted == 2 * (new - 1) and set(out.accepted) == {S}
+        assert len(out.step_ms) == math.ceil((new - 1) / (S + 1))
+
+
+def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, data_dir):
+    rows = _run(cli, tmp_path, TAB5, "bench.alpha=1.0")
+    by = {(r["set"], r["line"]): r for r in rows}
+    lines = ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
+    assert list(by) == [(s, ln) for s in ("mtbench", "gsm8k", "humaneval") for ln in lines]
+    for ln in lines:
+        gsm = by[("gsm8k", ln)]
+        assert gsm["status"] == "skipped" and "python -m ssmspec.data.fetch" in gsm["reason"]
+    # the one question written above, as a chat turn of the byte tokenizer (no template): groups capped at 1
+    mt = by[("mtbench", "autoregressive")]
+    assert mt["groups"] == 1 and mt["prompts"] == 1
+    assert mt["prompt_len_max"] == len(f"User: {QUESTION}\nAssistant:".encode())
+    assert by[("humaneval", "autoregressive")]["groups"] == 2 and by[("humaneval", "autoregressive")]["prompt_len_max"] == 64
+    for (s, ln), r in by.items():
+        if r["status"] != "ok":
+            continue
+        n = r["groups"] * r["batch"]
+        assert r["tokens_emitted"] == n * 8 and r["ref_match"] == 1.0 and r["timing"] == "eager"
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_emitted"] / r["decode_s"])
+        assert r["decode_s"] == pytest.approx(sum(r["samples_ms"]) * 1e-3) and len(r["samples_ms"]) == r["groups"]
+        ar = by[(s, "autoregressive")]
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
+        if r["drafts"]:  # every draft right: 6 accepted per step, 8 decode tokens in 2 steps of 7 (last cut)
+            assert r["acceptance"] == "oracle" and r["alpha"] == 1.0 and r["expected_accepted"] == 6
+            assert r["accepted_hist"] == {"6": 2 * n} and r["mean_accepted"] == 6 and r["steps"] == 2 * r["groups"]
+            assert r["paper_speedup"] > 1.4
+        else:
+            assert r["acceptance"] == "none" and r["steps"] == 8 * r["groups"] and r["speedup"] == 1.0
+
+
+def test_tab5_png_drafter_records_its_measured_acceptance(cli, tmp_path, data_dir):
+    rows = _run(cli, tmp_path, TAB5, "data=humaneval", "bench.drafter=png", "bench.batch=2", plot=False)
+    assert {r["set"] for r in rows} == {"humaneval"} and len(rows) == 3
+    for r in (r for r in rows if r["drafts"]):
+        assert r["acceptance"] == "measured" and r["alpha"] is None and r["drafter"] == "png" and r["ngram"] == 3
+        assert r["ref_match"] == 1.0  # greedy verification of real n-gram drafts is lossless
+        n = sum(r["accepted_hist"].values())
+        assert n >= r["steps"] and r["mean_accepted"] == pytest.approx(
+            sum(int(k) * v for k, v in r["accepted_hist"].items()) / n)
+
+
+def test_fig4_throughput_vs_drafts_per_batch(cli, tmp_path):
+    rows = _run(cli, tmp_path, FIG4, "bench.alpha=0.6", "bench.batch=[1,2,1000]")
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert [(r["batch"], r["drafts"], r["strategy"]) for r in ok] == [
+        (b, d, s) for b in (1, 2) for d, s in [(0, "autoregressive"), (1, "joint_attainment"), (1, "activation_replay"),
+                                               (2, "joint_attainment"), (2, "activation_replay")]]
+    for r in ok:
+        assert r["set"] == "humaneval" and r["tokens_emitted"] == r["batch"] * 7 and r["ref_match"] == 1.0
+        assert r["gain"] == pytest.approx(r["speedup"] - 1.0)
+        if r["drafts"]:
+            assert r["acceptance"] == "oracle" and r["alpha"] == 0.6 and r["S"] == 6
+            assert r["expected_accepted"] == pytest.approx(expected_accepted_chains(0.6, 6, r["drafts"]))
+            assert sum(r["accepted_hist"].values()) >= r["steps"]
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert len(skipped) == 1 and skipped[0]["batch"] == 1000 and "fewer than one batch" in skipped[0]["reason"]
+    best = fig4_best(pd.DataFrame(ok))
+    for b in best.itertuples():
+        pts = [r for r in ok if r["batch"] == b.batch and r["strategy"] in ("autoregressive", b.strategy)]
+        assert b.tokens_per_s == max(r["tokens_per_s"] for r in pts)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (TAB5 + ["bench.alpha=1.5"], "bench.alpha is the oracle's per-token acceptance"),
+    (TAB5 + ["bench.strategies=[snapshot]"], "bench.strategies takes joint_attainment, activation_replay"),
+    (FIG4 + ["data=benchmarks"], "choose one with data=<set>"),
+    (FIG4 + ["data=gsm8k"], "python -m ssmspec.data.fetch"),
+], ids=["alpha", "strategy", "fig4-several-sets", "fig4-missing-set"])
+def test_bad_settings_end_in_one_message(cli, tmp_path, data_dir, argv, message):
+    status, _, err = cli("run", *argv, f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and message in err
+    assert not (tmp_path / "run").exists()
