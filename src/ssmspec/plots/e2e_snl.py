@@ -73,7 +73,8 @@ def plot_snl_tab5(df: pd.DataFrame, out: Path) -> None:
                 ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                             fontsize=6)
         skipped = df[(df["model"] == model) & (df["status"] == "skipped")]
-        notes = [f"{s}: skipped ({str(r).split(';')[0][:90]})"
+        notes = [f"{s}: skipped, " + ("not on disk (python -m ssmspec.data.fetch)" if "ssmspec.data.fetch" in str(r)
+                                      else str(r)[:80])
                  for s, r in dict(zip(skipped["set"], skipped["reason"])).items() if s not in sets]
         ax.set_xticks(x, sets)
         ax.margins(y=0.3)
