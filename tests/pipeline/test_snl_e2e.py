@@ -66,15 +66,17 @@ def test_expected_accepted_of_the_best_chain():
     assert abs(expected_accepted_chains(b["alpha"], b["S"], b["drafts"]) - 1.70) < 0.03
 
 
-def test_one_engine_decodes_group_after_group_like_a_fresh_generate():
-    model = build_model(load_preset("tiny-mamba2"), seed=0, device="cpu", dtype=torch.float32)
+@pytest.mark.parametrize(("preset", "strategy"), [("tiny-mamba2", "activation_replay"),
+                                                  ("tiny-hybrid", "joint_attainment")])
+def test_one_engine_decodes_group_after_group_like_a_fresh_generate(preset, strategy):
+    model = build_model(load_preset(preset), seed=0, device="cpu", dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
     groups = [[torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 9)] for _ in range(2)]
     new, S = 12, 3
     refs = [generate(model, grp, max_new_tokens=new).sequences for grp in groups]
     pad = lambda r: [x + [x[-1]] * (new + S + 1 - len(x)) for x in r]  # noqa: E731
     oracle = GroupOracle(p=1.0, draft_len=S, num_drafts=2, reference=pad(refs[0]), vocab_size=300)
-    eng = Engine(model, batch=2, prefill_len=9, max_new_tokens=new, strategy="activation_replay", drafter=oracle,
+    eng = Engine(model, batch=2, prefill_len=9, max_new_tokens=new, strategy=strategy, drafter=oracle,
                  spec=SpecConfig(draft_len=S, num_drafts=2), cuda_graph=False)
     first_ref = None
     for grp, ref in zip(groups, refs):
@@ -149,6 +151,38 @@ def test_fig4_throughput_vs_drafts_per_batch(cli, tmp_path):
     for b in best.itertuples():
         pts = [r for r in ok if r["batch"] == b.batch and r["strategy"] in ("autoregressive", b.strategy)]
         assert b.tokens_per_s == max(r["tokens_per_s"] for r in pts)
+
+
+def _checkpoint_with_tokenizer(path: Path) -> Path:
+    """A tiny mamba2 checkpoint with a byte-level BPE tokenizer of its own next to config.json: one token per
+    byte, except that three merges make "User" one token (so its token counts differ from the byte tokenizer's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Mamba2Config, Mamba2ForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({ch: i + 3 for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))})
+    merges = [("U", "s"), ("Us", "e"), ("Use", "r")]
+    vocab.update({"Us": len(vocab), "Use": len(vocab) + 1, "User": len(vocab) + 2})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(path)
+    cfg = Mamba2Config(hidden_size=32, num_heads=4, head_dim=16, state_size=8, n_groups=2, chunk_size=8,
+                       num_hidden_layers=2, vocab_size=len(vocab), tie_word_embeddings=True)
+    Mamba2ForCausalLM(cfg).save_pretrained(path)
+    return path
+
+
+def test_tab5_on_a_checkpoint_runs_the_png_drafter_on_its_tokens(cli, tmp_path, data_dir):
+    ckpt = _checkpoint_with_tokenizer(tmp_path / "ckpt")
+    rows = _run(cli, tmp_path, TAB5, "data=mtbench", f"checkpoint={ckpt}", plot=False)
+    assert [r["line"] for r in rows] == ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
+    for r in rows:
+        assert r["status"] == "ok" and r["model"] == "ckpt" and r["weights"] == str(ckpt) and r["ref_match"] == 1.0
+        # the checkpoint's tokenizer read the prompt (the plain chat frame: it has no template): "User" is one token
+        assert r["prompt_len_max"] == len(f"User: {QUESTION}\nAssistant:".encode()) - 3
+        if r["drafts"]:
+            assert r["drafter"] == "png" and r["acceptance"] == "measured" and r["alpha"] is None
 
 
 @pytest.mark.parametrize(("argv", "message"), [
