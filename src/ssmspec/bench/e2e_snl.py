@@ -361,7 +361,7 @@ def _models(cfg: DictConfig, b: DictConfig, extra: int) -> Iterator[tuple[str, o
 
 def _room(cfg: DictConfig, s: dict, drafts: int) -> int:
     """KV slots one sequence may need: the longest kept prompt (bounded by max_prompt_len when set) + budget."""
-    longest = max([int(d.get("max_prompt_len") or d.get("prompt_len") or 4096)
+    longest = max([int(d["prompt_len"]) if d["name"] == "synthetic" else int(d.get("max_prompt_len") or 4096)
                    for d in set_configs(OmegaConf.to_container(cfg.data, resolve=True))])
     return longest + s["new_tokens"] + (s["S"] + 1) * max(drafts, 1) + 2
 
