@@ -21,7 +21,9 @@ Acceptance, stated (issue 9). Drafts are PNG(S, D) chains -- D drafts of S token
 - ``png`` (``drafting/png.py``): the prompt n-gram lookup on the device; rows say ``acceptance: measured``.
 - ``oracle`` (``drafting/oracle.py``): every draft token is the target's own next greedy token with
   probability alpha, independently per token and per chain; the truth is the autoregressive line's output for
-  the same group (greedy verification is lossless, so the speculative run emits that same continuation). A chain
+  the same group (greedy verification is lossless, so the speculative run emits that same continuation), which
+  runs S tokens past the budget for it (the last step's drafts look that far; only its first new_tokens - 1
+  steps are counted). A chain
   then accepts P(a >= k) = alpha^k, and the best of D chains E[a] = sum_k 1 - (1 - alpha^k)^D
   (``expected_accepted_chains``). Rows say ``acceptance: oracle`` and alpha.
 
@@ -51,6 +53,7 @@ from ssmspec.data.tokenizers import load_tokenizer
 from ssmspec.drafting.oracle import Oracle
 from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
+from ssmspec.engine.memory import HEADROOM, fmt_bytes
 from ssmspec.strategies import SpecConfig
 
 log = logging.getLogger("ssmspec.bench.e2e_snl")
@@ -249,8 +252,9 @@ class Runner:
             return None
         if self.kind == "png":
             return PromptNgram(ngram=self.s["ngram"], num_drafts=line.drafts, draft_len=line.S)
-        return GroupOracle(p=self.s["alpha"], draft_len=line.S, num_drafts=line.drafts, reference=self.reference[0],
-                           vocab_size=self.model.cfg.vocab_size, seed=int(self.cfg.seed))
+        return GroupOracle(p=self.s["alpha"], draft_len=line.S, num_drafts=line.drafts,
+                           reference=self._padded_refs(0, line.S), vocab_size=self.model.cfg.vocab_size,
+                           seed=int(self.cfg.seed))
 
     def _padded_refs(self, g: int, S: int) -> list[list[int]]:
         width = self.s["new_tokens"] + S + 1
@@ -268,13 +272,12 @@ class Runner:
                                      new_tokens=self.s["new_tokens"], spec=line.spec)
         if not fit:
             return {**base, "status": "skipped", "planned_bytes": need,
-                    "reason": f"needs {need} bytes beside the weights, {free} are free"}
+                    "reason": f"needs {fmt_bytes(need)} beside the weights but {fmt_bytes(free)} are free "
+                              f"(at most {HEADROOM:.0%} used)"}
         dev = self.model.device
         eng = None
         try:
             drafter = self._drafter(line)
-            if isinstance(drafter, GroupOracle):
-                drafter.reference = self._padded_refs(0, line.S)
             # the autoregressive line is the oracle's truth: it decodes S tokens past the budget (the drafts of the
             # last step look that far), and only its first new_tokens - 1 steps are counted
             budget = self.s["new_tokens"] + (self.s["S"] if not line.drafts and self.kind == "oracle" else 0)
