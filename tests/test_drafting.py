@@ -7,7 +7,7 @@ import torch
 import yaml
 
 from ssmspec.drafting import DraftTree, drafter_names, make_drafter, merge_chains
-from ssmspec.drafting.oracle import Oracle
+from ssmspec.drafting.oracle import Oracle, expected_accepted
 from ssmspec.drafting.base import TokenBuffer
 from ssmspec.drafting.png import ngram_drafts, ngram_drafts_device
 from ssmspec.drafting.static_tree import SHAPES, StaticTree, check_parents
@@ -241,6 +241,37 @@ def test_oracle_tree_and_seeding():
     a = [d.tokens for _, d in _oracle_steps(Oracle(p=0.5, draft_len=3, reference=REF, vocab_size=50, seed=9), 5)]
     b = [d.tokens for _, d in _oracle_steps(Oracle(p=0.5, draft_len=3, reference=REF, vocab_size=50, seed=9), 5)]
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_expected_accepted_closed_forms():
+    """Chains: sum_k p^k; D chains: sum_k 1 - (1 - p^k)^D; p = 1 reaches the tree's depth, p = 0 nothing."""
+    for p in (0.0, 0.3, 0.7, 1.0):
+        assert expected_accepted(p, draft_len=4) == pytest.approx(sum(p ** k for k in range(1, 5)))
+        assert expected_accepted(p, draft_len=3, num_drafts=2) == pytest.approx(
+            sum(1 - (1 - p ** k) ** 2 for k in range(1, 4)))
+    assert expected_accepted(1.0, tree="E") == pytest.approx(5.0)
+    assert expected_accepted(0.0, tree="B") == 0.0
+    # a node with 3 children at p = 0.5: the first layer alone is accepted with 1 - 0.5^3
+    assert expected_accepted(0.5, tree=[0, 0, 0]) == pytest.approx(0.875)
+    # wider beats the chain of the same depth at p < 1
+    assert expected_accepted(0.6, tree="A") > expected_accepted(0.6, draft_len=4)
+
+
+@pytest.mark.parametrize("tree", ["A", "B", "D", [0, 1, 1, 0, 4]])
+def test_tree_oracle_accepts_per_branch_as_expected(tree):
+    """Forced tree oracle under greedy verification: the mean accepted length matches the exact recursion,
+    and a per-sequence (not per-branch) draw would not."""
+    p, steps = 0.6, 400
+    o = Oracle(p=p, tree=tree, reference=REF, vocab_size=50, seed=11, forced=True)
+    acc = []
+    for _, drafts in _oracle_steps(o, steps, 0):
+        logits = torch.zeros(3, 1 + drafts.size, 50)  # forced: the kept nodes are accepted, whatever the target
+        acc.append(GreedyVerifier().verify(logits, drafts).accepted)
+    acc = torch.cat(acc).double()
+    expect = o.expected_accepted()
+    assert abs(acc.mean().item() - expect) < 4 * acc.std().item() / len(acc) ** 0.5
+    depth = o.spec.draft_len
+    assert abs(expect - sum(p ** k for k in range(1, depth + 1))) > 8 * acc.std().item() / len(acc) ** 0.5
 
 
 @pytest.mark.parametrize("p", [-0.1, 1.5, float("nan")])

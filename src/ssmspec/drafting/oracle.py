@@ -11,6 +11,9 @@ with probability p, else a uniformly chosen *different* token, so under greedy v
 accepted length is a truncated geometric: P(a >= k) = p^k. Trees (``tree``: a static shape name or a
 parents list): every node independently carries the true token of its depth with probability p.
 Seeded (``seed``); meant for greedy runs (with sampling the history leaves the greedy reference).
+Acceptance is stated per branch: a node is accepted when it is kept and its parent was accepted, so the
+accepted length is the depth of the deepest fully kept path; ``expected_accepted`` gives its exact mean for
+any shape (chains: sum_k p^k; D chains: sum_k 1 - (1 - p^k)^D; trees: a recursion over the shape).
 
 ``forced=True`` (the throughput experiments): the drafts also carry ``match`` = the kept nodes, and greedy
 verification accepts exactly those. With fp32 weights this changes nothing (kept tokens are the target's
@@ -32,6 +35,38 @@ from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.drafting.registry import DrafterBase, register_drafter
 from ssmspec.drafting.static_tree import check_parents, resolve_shape
 from ssmspec.strategies.base import SpecConfig
+
+
+def expected_accepted(p: float, *, draft_len: int = 0, num_drafts: int = 1, tree=None) -> float:
+    """Exact mean accepted length of oracle drafts under greedy (or forced) verification: the expected depth
+    of the deepest path from the pending token whose every node is kept, each node independently with
+    probability ``p`` (per branch). ``tree``: a static shape name or parents list; else ``num_drafts`` chains
+    of ``draft_len``.
+
+    Recursion: f_v(d) = P(some path of d more kept nodes below node v); f_v(0) = 1 and
+    f_v(d) = 1 - prod_{children c} (1 - p f_c(d - 1)); the mean is sum_{d >= 1} f_root(d)."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    if tree is None:
+        if draft_len < 0 or num_drafts < 1:
+            raise ValueError(f"need draft_len >= 0 and num_drafts >= 1, got {draft_len}, {num_drafts}")
+        parents = [0 if s == 0 else 1 + c * draft_len + s - 1 for c in range(num_drafts) for s in range(draft_len)]
+    else:
+        parents = resolve_shape(tree)
+    if not parents:
+        return 0.0
+    depth = max(check_parents(parents))
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, par in enumerate(parents, start=1):
+        kids[par].append(i)
+    f = [[1.0] + [0.0] * depth for _ in kids]  # f[v][d]
+    for v in reversed(range(len(kids))):  # children have larger numbers: they are done first
+        for d in range(1, depth + 1):
+            miss = 1.0
+            for c in kids[v]:
+                miss *= 1.0 - p * f[c][d - 1]
+            f[v][d] = 1.0 - miss
+    return sum(f[0][1:])
 
 
 @register_drafter("oracle")
@@ -72,6 +107,12 @@ class Oracle(DrafterBase):
                      num_drafts=self.spec.num_drafts if tree is None else None,
                      tree=tree if tree is None or isinstance(tree, str) else list(self.parents), horizon=horizon,
                      seed=seed, forced=self.forced)
+
+    def expected_accepted(self) -> float:
+        """Exact mean accepted length of these drafts under greedy / forced verification (module function)."""
+        if self.parents is not None:
+            return expected_accepted(self.p, tree=self.parents)
+        return expected_accepted(self.p, draft_len=self.spec.draft_len, num_drafts=self.spec.num_drafts)
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         self.device = torch.device(device)
