@@ -255,14 +255,19 @@ def test_expected_accepted_closed_forms():
     assert expected_accepted(0.5, tree=[0, 0, 0]) == pytest.approx(0.875)
     # wider beats the chain of the same depth at p < 1
     assert expected_accepted(0.6, tree="A") > expected_accepted(0.6, draft_len=4)
+    # rank_decay: the second and third children at 0.5 * 0.5 and 0.5 * 0.25
+    assert expected_accepted(0.5, tree=[0, 0, 0], rank_decay=0.5) == pytest.approx(1 - 0.5 * 0.75 * 0.875)
+    assert expected_accepted(0.5, tree="A", rank_decay=0.0) == pytest.approx(expected_accepted(0.5, draft_len=4))
+    with pytest.raises(ValueError, match="rank_decay ranks the children of a tree"):
+        Oracle(p=0.5, draft_len=3, rank_decay=0.5)
 
 
-@pytest.mark.parametrize("tree", ["A", "B", "D", [0, 1, 1, 0, 4]])
-def test_tree_oracle_accepts_per_branch_as_expected(tree):
-    """Forced tree oracle under greedy verification: the mean accepted length matches the exact recursion,
-    and a per-sequence (not per-branch) draw would not."""
+@pytest.mark.parametrize("tree,decay", [("A", 1.0), ("B", 1.0), ("D", 0.5), ([0, 1, 1, 0, 4], 1.0), ("E", 0.5)])
+def test_tree_oracle_accepts_per_branch_as_expected(tree, decay):
+    """Forced tree oracle under greedy verification: the mean accepted length matches the exact recursion
+    (children kept with p * decay^rank), and a single chain of the same depth would not."""
     p, steps = 0.6, 400
-    o = Oracle(p=p, tree=tree, reference=REF, vocab_size=50, seed=11, forced=True)
+    o = Oracle(p=p, tree=tree, reference=REF, vocab_size=50, seed=11, forced=True, rank_decay=decay)
     acc = []
     for _, drafts in _oracle_steps(o, steps, 0):
         logits = torch.zeros(3, 1 + drafts.size, 50)  # forced: the kept nodes are accepted, whatever the target

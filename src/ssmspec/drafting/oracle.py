@@ -14,6 +14,9 @@ Seeded (``seed``); meant for greedy runs (with sampling the history leaves the g
 Acceptance is stated per branch: a node is accepted when it is kept and its parent was accepted, so the
 accepted length is the depth of the deepest fully kept path; ``expected_accepted`` gives its exact mean for
 any shape (chains: sum_k p^k; D chains: sum_k 1 - (1 - p^k)^D; trees: a recursion over the shape).
+``rank_decay`` (beta, trees): the r-th child of a node (r = 0, 1, ... in node order) is kept with probability
+p * beta^r instead of p, as a real drafter's second and third guesses are right less often than its first
+(beta = 1: every branch alike).
 
 ``forced=True`` (the throughput experiments): the drafts also carry ``match`` = the kept nodes, and greedy
 verification accepts exactly those. With fp32 weights this changes nothing (kept tokens are the target's
@@ -37,16 +40,29 @@ from ssmspec.drafting.static_tree import check_parents, resolve_shape
 from ssmspec.strategies.base import SpecConfig
 
 
-def expected_accepted(p: float, *, draft_len: int = 0, num_drafts: int = 1, tree=None) -> float:
+def sibling_ranks(parents: list[int]) -> list[int]:
+    """Rank of every node among its siblings (0 = first child of its parent, in node order)."""
+    kids = [0] * (len(parents) + 1)
+    out = []
+    for par in parents:
+        out.append(kids[par])
+        kids[par] += 1
+    return out
+
+
+def expected_accepted(p: float, *, draft_len: int = 0, num_drafts: int = 1, tree=None,
+                      rank_decay: float = 1.0) -> float:
     """Exact mean accepted length of oracle drafts under greedy (or forced) verification: the expected depth
     of the deepest path from the pending token whose every node is kept, each node independently with
-    probability ``p`` (per branch). ``tree``: a static shape name or parents list; else ``num_drafts`` chains
-    of ``draft_len``.
+    probability ``p`` (per branch; ``p * rank_decay^r`` for the r-th child of a tree node). ``tree``: a static
+    shape name or parents list; else ``num_drafts`` chains of ``draft_len``.
 
     Recursion: f_v(d) = P(some path of d more kept nodes below node v); f_v(0) = 1 and
-    f_v(d) = 1 - prod_{children c} (1 - p f_c(d - 1)); the mean is sum_{d >= 1} f_root(d)."""
+    f_v(d) = 1 - prod_{children c} (1 - p_c f_c(d - 1)); the mean is sum_{d >= 1} f_root(d)."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"p must be in [0, 1], got {p}")
+    if not 0.0 <= rank_decay <= 1.0:
+        raise ValueError(f"rank_decay must be in [0, 1], got {rank_decay}")
     if tree is None:
         if draft_len < 0 or num_drafts < 1:
             raise ValueError(f"need draft_len >= 0 and num_drafts >= 1, got {draft_len}, {num_drafts}")
@@ -56,6 +72,7 @@ def expected_accepted(p: float, *, draft_len: int = 0, num_drafts: int = 1, tree
     if not parents:
         return 0.0
     depth = max(check_parents(parents))
+    keep = [1.0] + [p * (rank_decay if tree is not None else 1.0) ** r for r in sibling_ranks(parents)]
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for i, par in enumerate(parents, start=1):
         kids[par].append(i)
@@ -64,7 +81,7 @@ def expected_accepted(p: float, *, draft_len: int = 0, num_drafts: int = 1, tree
         for d in range(1, depth + 1):
             miss = 1.0
             for c in kids[v]:
-                miss *= 1.0 - p * f[c][d - 1]
+                miss *= 1.0 - keep[c] * f[c][d - 1]
             f[v][d] = 1.0 - miss
     return sum(f[0][1:])
 
@@ -77,11 +94,18 @@ class Oracle(DrafterBase):
 
     def __init__(self, *, p: float = 0.8, draft_len: int | None = None, num_drafts: int | None = None,
                  tree=None, reference: list[list[int]] | None = None, target=None, horizon: int = 256,
-                 vocab_size: int | None = None, seed: int = 0, forced: bool = False) -> None:
+                 vocab_size: int | None = None, seed: int = 0, forced: bool = False,
+                 rank_decay: float = 1.0) -> None:
         super().__init__()
         p = float(p)
         if not (0.0 <= p <= 1.0):
             raise ValueError(f"oracle keeps each true token with probability p, which must be in [0, 1]; got p={p}")
+        if not (0.0 <= rank_decay <= 1.0):
+            raise ValueError(f"oracle rank_decay must be in [0, 1], got {rank_decay}")
+        if rank_decay != 1.0 and tree is None:
+            raise ValueError("oracle rank_decay ranks the children of a tree node; chains have one child per node "
+                             "(drop rank_decay, or draft a tree)")
+        self.rank_decay = float(rank_decay)
         if tree is not None:
             if draft_len is not None or num_drafts is not None:
                 raise ValueError("oracle with a tree shape: draft_len / num_drafts are chain settings; the tree "
@@ -106,12 +130,12 @@ class Oracle(DrafterBase):
         self._record(p=p, draft_len=self.spec.draft_len if tree is None else None,
                      num_drafts=self.spec.num_drafts if tree is None else None,
                      tree=tree if tree is None or isinstance(tree, str) else list(self.parents), horizon=horizon,
-                     seed=seed, forced=self.forced)
+                     seed=seed, forced=self.forced, rank_decay=self.rank_decay)
 
     def expected_accepted(self) -> float:
         """Exact mean accepted length of these drafts under greedy / forced verification (module function)."""
         if self.parents is not None:
-            return expected_accepted(self.p, tree=self.parents)
+            return expected_accepted(self.p, tree=self.parents, rank_decay=self.rank_decay)
         return expected_accepted(self.p, draft_len=self.spec.draft_len, num_drafts=self.spec.num_drafts)
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
@@ -138,6 +162,8 @@ class Oracle(DrafterBase):
         self.plen = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)  # (B,)
         self.gen = torch.Generator(device=dev).manual_seed(self.seed)
         self.depth_idx = torch.tensor(self.node_depth, device=dev) - 1  # (T,) depth-1 of every node
+        ranks = sibling_ranks(self.parents) if self.parents is not None else [0] * len(self.node_depth)
+        self.keep_p = torch.tensor([self.p * self.rank_decay ** r for r in ranks], device=dev)  # (T,) per node
         if self.parents is not None:
             self.parents_t = torch.tensor(self.parents, device=dev).expand(batch, -1).contiguous()
 
@@ -159,7 +185,7 @@ class Oracle(DrafterBase):
     def _draw(self, true: Tensor) -> DraftTree:
         """true (B, T) the true token of every node -> drafts with each token kept with probability p."""
         bsz, T = true.shape
-        keep = torch.rand(bsz, T, generator=self.gen, device=true.device) < self.p
+        keep = torch.rand(bsz, T, generator=self.gen, device=true.device) < self.keep_p
         shift = 1 + torch.randint(self.vocab_size - 1, (bsz, T), generator=self.gen, device=true.device)  # never 0
         tokens = torch.where(keep, true, (true + shift) % self.vocab_size)
         if self.parents is None:
