@@ -115,6 +115,7 @@ def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, da
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
         if r["drafts"]:  # every draft right: 6 accepted per step, 8 decode tokens in 2 steps of 7 (last cut)
             assert r["acceptance"] == "oracle" and r["alpha"] == 1.0 and r["expected_accepted"] == 6
+            assert r["oracle"] == "forced"
             assert r["accepted_hist"] == {"6": 2 * n} and r["mean_accepted"] == 6 and r["steps"] == 2 * r["groups"]
             assert r["paper_speedup"] > 1.4
         else:
@@ -185,12 +186,25 @@ def test_tab5_on_a_checkpoint_runs_the_png_drafter_on_its_tokens(cli, tmp_path, 
             assert r["drafter"] == "png" and r["acceptance"] == "measured" and r["alpha"] is None
 
 
+def test_fig4_forced_and_compared_oracle_agree_on_fp32(cli, tmp_path):
+    """Forced verification accepts the kept tokens; on fp32 they are the target's own, so token comparison
+    accepts the same counts and both runs emit the autoregressive output."""
+    runs = {}
+    for mode in ("forced", "compare"):
+        rows = _run(cli, tmp_path / mode, FIG4, "bench.batch=[2]", "bench.drafts=[0,2]", f"bench.oracle={mode}",
+                    plot=False)
+        runs[mode] = [r for r in rows if r["drafts"]]
+        assert all(r["oracle"] == mode and r["ref_match"] == 1.0 for r in runs[mode])
+    assert [r["accepted_hist"] for r in runs["forced"]] == [r["accepted_hist"] for r in runs["compare"]]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (TAB5 + ["bench.alpha=1.5"], "bench.alpha is the oracle's per-token acceptance"),
     (TAB5 + ["bench.strategies=[snapshot]"], "bench.strategies takes joint_attainment, activation_replay"),
+    (TAB5 + ["bench.oracle=exact"], "bench.oracle must be forced or compare"),
     (FIG4 + ["data=benchmarks"], "choose one with data=<set>"),
     (FIG4 + ["data=gsm8k"], "python -m ssmspec.data.fetch"),
-], ids=["alpha", "strategy", "fig4-several-sets", "fig4-missing-set"])
+], ids=["alpha", "strategy", "oracle-mode", "fig4-several-sets", "fig4-missing-set"])
 def test_bad_settings_end_in_one_message(cli, tmp_path, data_dir, argv, message):
     status, _, err = cli("run", *argv, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err
