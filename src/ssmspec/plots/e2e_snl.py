@@ -32,7 +32,9 @@ def acceptance_note(data: pd.DataFrame) -> str:
     kinds = sorted(set(spec["acceptance"].dropna()))
     parts = []
     if "oracle" in kinds:
-        parts.append("oracle alpha=" + "/".join(f"{a:.2f}" for a in sorted(set(spec["alpha"].dropna()))))
+        modes = sorted(set(spec["oracle"].dropna())) if "oracle" in spec.columns else []
+        parts.append("oracle alpha=" + "/".join(f"{a:.2f}" for a in sorted(set(spec["alpha"].dropna())))
+                     + (f" ({'/'.join(modes)})" if modes else ""))
     if "measured" in kinds:
         parts.append("measured acceptance (PNG drafter)")
     return ", ".join(parts)
