@@ -15,6 +15,7 @@ import yaml
 from pipeline_helpers import PNG_MAGIC, rows_of
 
 from ssmspec import paths
+from ssmspec.bench import e2e_snl
 from ssmspec.bench.e2e import expected_accepted
 from ssmspec.bench.e2e_snl import GroupOracle, decode, expected_accepted_chains, pad_group
 from ssmspec.engine import Engine
@@ -184,6 +185,28 @@ def test_tab5_on_a_checkpoint_runs_the_png_drafter_on_its_tokens(cli, tmp_path, 
         assert r["prompt_len_max"] == len(f"User: {QUESTION}\nAssistant:".encode()) - 3
         if r["drafts"]:
             assert r["drafter"] == "png" and r["acceptance"] == "measured" and r["alpha"] is None
+
+
+def test_fig4_points_that_cannot_fit_or_run_out_of_memory_are_rows(cli, tmp_path, monkeypatch):
+    real_plan, real_decode = e2e_snl.plan_point, e2e_snl.decode
+
+    def plan(model, strategy, *, batch, **kw):  # batch 2 does not fit next to the weights
+        return (False, 2 ** 40, 2 ** 30) if batch == 2 else real_plan(model, strategy, batch=batch, **kw)
+
+    def decode(eng, *args):  # joint attainment's engine runs out of memory
+        if eng.strategy.name == "joint_attainment":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+        return real_decode(eng, *args)
+
+    monkeypatch.setattr(e2e_snl, "plan_point", plan)
+    monkeypatch.setattr(e2e_snl, "decode", decode)
+    rows = _run(cli, tmp_path, FIG4, "bench.drafts=[0,1]")
+    status = [(r["batch"], r["strategy"], r["status"]) for r in rows]
+    # batch 2: its autoregressive line cannot fit, so no baseline and no oracle truth: the batch ends there
+    assert status == [(1, "autoregressive", "ok"), (1, "joint_attainment", "oom"), (1, "activation_replay", "ok"),
+                      (2, "autoregressive", "skipped")]
+    assert "1.0 TiB beside the weights but 1.0 GiB are free" in rows[-1]["reason"]
+    assert "out of memory" in rows[1]["reason"] and rows[1]["speedup"] is None
 
 
 def test_fig4_forced_and_compared_oracle_agree_on_fp32(cli, tmp_path):
