@@ -1,0 +1,363 @@
+"""STree end to end (seed 003): ``stree_tab3_e2e`` (Table 3), ``stree_fig4_temperature`` (Fig. 4b/c),
+``stree_tab4_tree_shapes`` (Table 4), and this project's ``tree_replay`` (replay verifying token trees).
+
+Every line decodes through the engine (``ssmspec.engine.Engine``: the captured step generate() replays) from
+seeded synthetic prompts (``bench.prompt_len`` tokens, ``data.seed``), and is timed like
+``replay_fig8_throughput`` (``bench/e2e.py``): tokens/s = emitted tokens (accepted + 1 per sequence and step)
+over the summed step times (drafting + verify + commit; CUDA events, perf_counter on CPU). Rows carry
+``mean_accepted`` (accepted drafts per step), ``tau`` = mean_accepted + 1 (the seed's "average number of tokens
+accepted", 1 for autoregressive), the accepted-count histogram, and ``speedup`` over the autoregressive line
+of the same model, batch and temperature in the same run.
+
+Acceptance, stated (``bench.drafter``; ``auto``: ``oracle`` on random weights, ``draft`` with ``checkpoint=``):
+
+- ``oracle`` (``drafting/oracle.py``): the target's own greedy continuation (an autoregressive ``generate()``
+  of the same prompts), each draft node kept with probability alpha, per branch: the r-th child of a tree node
+  with alpha * beta^r (``rank_decay`` beta: later guesses are right less often), else a different token.
+  The oracle is forced: the verifier accepts exactly the kept nodes, so the accepted length is the depth of
+  the deepest fully kept path and its mean is known exactly (``expected_accepted``, in every row). At
+  temperature 0 greedy verification emits the target's own tokens (lossless; ``ref_match`` checks it). At
+  temperature > 0 no drafter that does not know p can be accepted by an exact test on random weights; the
+  rows time the real speculative test (Leviathan for chains, multi-step speculative sampling for trees)
+  on every node and replace its verdict by the oracle's (``bench/tree_sampling.py: ForcedSampler``), with
+  the bonus sampled from the target: a systems measurement at the stated acceptance whose emitted tokens
+  are *not* a sample of the target law (``law: designed``). The defaults are calibrated on seed 003's
+  Table 3 (MT-Bench): at temperature 0 alpha = 0.55, beta = 0.35 give a chain of 4 1.11 and tree A 1.44
+  accepted drafts (paper 1.04 and 1.47); at temperature 1 alpha = 0.37, beta = 0.7 give 0.58 and 1.03
+  (paper 0.55 and 1.03).
+- ``self``: measured acceptance of a draft whose q is a stated perturbation of p: the target model itself
+  (shared weights, its own states) drafts with N(0, sigma^2) noise on every logit, q = softmax((z + sigma
+  eps) / T) (``bench.sigma``). Chains and MSS trees sample their children from q and record it; naive trees
+  take the top-k of the perturbed logits. Verification is exact (``law: target``). Drafting costs a target
+  call per tree layer, so tokens/s compare lines with the same drafter only (the seed's drafter is a 2-layer
+  model).
+- ``draft``: a draft model (``bench.draft`` preset, ``bench.draft_checkpoint`` for its weights) drafting the
+  same way with sigma = 0: with ``checkpoint=`` the real drafters, measured.
+
+Lines: ``autoregressive`` (S = 0); ``chain`` (``bench.chain_strategy``, default activation_replay as the
+seed's vanilla SD, S = ``bench.chain_S``); ``tree`` (``stree``, static shape ``bench.shape``: seed 003's
+shapes A-E, ``drafting/static_tree.py: SHAPES``). Fig. 4 adds ``tree naive`` (top-k tree, naive sampling:
+sample the target at each node and follow the child that holds the sample; ``NaiveTreeSampler``, lossless).
+``tree_replay`` compares, per shape, ``replay`` verifying the tree, ``stree`` on the same tree and ``replay``
+on a chain of as many drafts (equal tokens per call), plus ``replay`` standard decoding.
+
+A point whose engine cannot fit beside the weights is a ``status: skipped`` row naming both byte counts; an
+out-of-memory error is a ``status: oom`` row.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig
+
+from ssmspec import config as C
+from ssmspec.bench.e2e import _is_oom, plan_point, throughput_row
+from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.bench.tree_sampling import ForcedSampler, NaiveTreeSampler, PerturbedTree
+from ssmspec.drafting.oracle import Oracle, expected_accepted
+from ssmspec.drafting.static_tree import SHAPES, check_parents, resolve_shape
+from ssmspec.engine import Engine
+from ssmspec.engine.generate import generate
+from ssmspec.strategies import SpecConfig
+from ssmspec.verify.distributions import SamplingConfig
+
+log = logging.getLogger("ssmspec.bench.e2e_tree")
+
+DRAFTERS = ("auto", "oracle", "self", "draft")
+# Seed 003, Table 3 (MambaInLlama-8B, RTX 3090): tokens/s and tau per benchmark and temperature
+PAPER_TAB3 = {
+    0.0: {"autoregressive": {"mtbench": (39.98, 1.0), "humaneval": (39.98, 1.0), "gsm8k": (40.47, 1.0)},
+          "chain": {"mtbench": (67.68, 2.04), "humaneval": (77.18, 2.32), "gsm8k": (78.38, 2.34)},
+          "tree": {"mtbench": (69.84, 2.47), "humaneval": (78.35, 2.79), "gsm8k": (80.03, 2.83)}},
+    1.0: {"autoregressive": {"mtbench": (39.72, 1.0), "humaneval": (40.04, 1.0), "gsm8k": (40.16, 1.0)},
+          "chain": {"mtbench": (49.24, 1.55), "humaneval": (52.88, 1.65), "gsm8k": (51.80, 1.61)},
+          "tree": {"mtbench": (54.08, 2.03), "humaneval": (60.34, 2.26), "gsm8k": (58.25, 2.16)}},
+}
+# Seed 003, Table 4 (temperature 1): (max width, depth, tokens incl. the root, tokens/s, tau)
+PAPER_TAB4 = {"A": (3, 4, 13, 54.08, 2.03), "B": (16, 3, 29, 46.90, 2.15), "C": (6, 3, 16, 51.19, 2.01),
+              "D": (4, 4, 13, 54.39, 2.07), "E": (3, 5, 16, 56.79, 2.09)}
+
+
+@dataclasses.dataclass
+class Line:
+    """One curve: its label, strategy, draft shape (None: autoregressive) and verification."""
+
+    label: str
+    strategy: str
+    parents: list[int] | None = None  # draft shape (a chain is [0, 1, ..., S-1])
+    verify: str = "exact"  # exact (greedy / speculative / MSS) or naive
+    shape: str | None = None  # shape name for the rows
+
+    @property
+    def depth(self) -> int:
+        return max(check_parents(self.parents)) if self.parents else 0
+
+    @property
+    def is_chain(self) -> bool:
+        return bool(self.parents) and self.parents == list(range(len(self.parents)))
+
+
+def chain(S: int) -> list[int]:
+    return list(range(S))
+
+
+def drafter_kind(cfg: DictConfig) -> str:
+    kind = str(cfg.bench.get("drafter", "auto"))
+    if kind not in DRAFTERS:
+        raise ValueError(f"bench.drafter must be one of {', '.join(DRAFTERS)}; got {kind!r}")
+    if kind == "auto":
+        return "draft" if cfg.get("checkpoint") else "oracle"
+    return kind
+
+
+def acceptance_table(b: DictConfig) -> list[tuple[float, float, float]]:
+    """(temperature, alpha, rank_decay) of every temperature: ``bench.alpha`` / ``bench.rank_decay`` are one
+    number for all, or one per ``bench.temperature``."""
+    temps = [float(t) for t in b.temperature]
+    if not temps or min(temps) < 0:
+        raise ValueError(f"bench.temperature needs values >= 0, got {temps}")
+
+    def per_temp(key: str) -> list[float]:
+        v = b.get(key)
+        vals = [float(x) for x in v] if isinstance(v, (list, tuple)) or hasattr(v, "__len__") else [float(v)]
+        if len(vals) == 1:
+            vals = vals * len(temps)
+        if len(vals) != len(temps):
+            raise ValueError(f"bench.{key} has {len(vals)} values but bench.temperature has {len(temps)}: give one "
+                             f"value, or one per temperature")
+        if any(not 0.0 <= x <= 1.0 for x in vals):
+            raise ValueError(f"bench.{key} values must be in [0, 1], got {vals}")
+        return vals
+
+    return list(zip(temps, per_temp("alpha"), per_temp("rank_decay")))
+
+
+def check_common(b: DictConfig, what: str) -> None:
+    sizes = [int(x) for x in b.batch]
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{what}: bench.batch needs positive sizes, got {sizes}")
+    if int(b.prompt_len) < 1 or int(b.iters) < 1:
+        raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1")
+    if float(b.get("sigma", 0.0)) < 0:
+        raise ValueError(f"{what}: bench.sigma is a noise std, >= 0; got {b.sigma}")
+
+
+class Runner:
+    """Runs lines for one experiment: models, prompts, references, engines (module doc)."""
+
+    def __init__(self, cfg: DictConfig, what: str) -> None:
+        self.cfg, self.b, self.what = cfg, cfg.bench, what
+        check_common(self.b, what)
+        self.kind = drafter_kind(cfg)
+        self.device = str(cfg.device)
+        self.graph = C.use_cuda_graph(self.b.get("cuda_graph", "auto"), self.device)
+        self.seed = int(cfg.data.get("seed", 0))
+        self.min_tok = int(cfg.data.get("min_token_id", 3))
+        self._draft_model = None
+
+    def horizon(self, depth: int) -> int:
+        """Tokens a timed run can emit per sequence at the deepest draft ``depth`` (as ``bench/e2e.py``)."""
+        steps = max(int(self.b.warmup), 1) + int(self.b.iters) + 1
+        return 1 + steps * (depth + 1) + depth
+
+    def draft_source(self, model):
+        """The model that drafts for ``self`` (the target) and ``draft`` (a draft preset or checkpoint)."""
+        if self.kind == "self":
+            return model
+        if self._draft_model is None:
+            path = self.b.get("draft_checkpoint")
+            if path:
+                from ssmspec.models.loading import load_model
+
+                self._draft_model = load_model(str(path), device=self.device, dtype=model.dtype)
+            else:
+                self._draft_model = str(self.b.get("draft", "mamba2-130m"))
+        return self._draft_model
+
+    def drafter(self, model, line: Line, *, temperature: float, alpha: float, decay: float, reference):
+        """The drafter of ``line`` at ``temperature`` and its expected accepted length (None: measured)."""
+        if not line.parents:
+            return None, 0.0
+        if self.kind == "oracle":
+            V = model.cfg.vocab_size
+            if line.is_chain:
+                d = Oracle(p=alpha, draft_len=len(line.parents), reference=reference, vocab_size=V,
+                           seed=int(self.cfg.seed), forced=True)
+            else:
+                d = Oracle(p=alpha, tree=line.parents, reference=reference, vocab_size=V, seed=int(self.cfg.seed),
+                           forced=True, rank_decay=decay)
+            return d, d.expected_accepted()
+        sigma = float(self.b.get("sigma", 0.0)) if self.kind == "self" else 0.0
+        sample = temperature > 0 and line.verify == "exact"  # MSS / Leviathan need drafts drawn from q
+        d = PerturbedTree(draft=self.draft_source(model), shape=line.parents, sigma=sigma, temperature=temperature,
+                          sample=sample, noise_seed=int(self.cfg.seed), seed=int(self.cfg.seed))
+        return d, None
+
+    def verifier(self, line: Line, sampling: SamplingConfig):
+        if not line.parents:
+            return None  # the engine's plain picking
+        if line.verify == "naive":
+            return NaiveTreeSampler(sampling)
+        if self.kind == "oracle" and not sampling.greedy:
+            return ForcedSampler(sampling)
+        return None  # greedy (reads the forced oracle's match) or speculative / MSS
+
+    def run(self, preset: str, lines: list[Line], temps: list[tuple[float, float, float]],
+            extra: dict | None = None) -> Iterator[dict]:
+        """Every line at every batch and temperature for one preset; speedups against autoregressive."""
+        b = self.b
+        Tp, R = int(b.prompt_len), int(b.get("R", 16))
+        H = self.horizon(max(line.depth for line in lines))
+        model = model_for(self.cfg, preset, Tp + H + 64)
+        V = model.cfg.vocab_size
+        for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
+            ids = synthetic_prompts(bsz, Tp, V, seed=self.seed, min_token_id=self.min_tok, device=self.device)
+            valid = torch.ones_like(ids, dtype=torch.bool)
+            reference = None
+            if self.kind == "oracle":  # the target's own greedy continuation: the oracle's truth
+                reference = generate(model, ids.tolist(), max_new_tokens=H, strategy="autoregressive",
+                                     cuda_graph=self.graph).sequences
+                release(self.device)
+            for temperature, alpha, decay in temps:
+                rows = [self.point(model, line, batch=bsz, ids=ids, valid=valid, reference=reference, H=H, R=R,
+                                   temperature=temperature, alpha=alpha, decay=decay, preset=preset,
+                                   extra=extra or {}) for line in lines]
+                base = next((r for r in rows if r["line"] == "autoregressive" and r["status"] == "ok"), None)
+                for r in rows:
+                    if base is not None and r["status"] == "ok":
+                        r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+                    yield r
+        del model
+        release(self.device)
+
+    def point(self, model, line: Line, *, batch: int, ids, valid, reference, H: int, R: int, temperature: float,
+              alpha: float, decay: float, preset: str, extra: dict) -> dict:
+        """One line at one batch and temperature: a tidy row (status ok / skipped / oom)."""
+        spec_d = len(line.parents) if line.parents else 0
+        oracle = self.kind == "oracle" and bool(line.parents)
+        sampled = temperature > 0
+        base = dict(model=preset, line=line.label, strategy=line.strategy, shape=line.shape,
+                    draft_nodes=spec_d, depth=line.depth, batch=batch, prompt_len=int(self.b.prompt_len),
+                    temperature=temperature, dtype=C.dtype_name(model.dtype),
+                    R=R if line.strategy == "replay" else None, drafter=self.kind if line.parents else None,
+                    acceptance=("oracle" if oracle else "measured") if line.parents else "none",
+                    alpha=alpha if oracle else None, rank_decay=decay if oracle and not line.is_chain else None,
+                    sigma=float(self.b.get("sigma", 0.0)) if self.kind == "self" and line.parents else None,
+                    verify=(("naive" if line.verify == "naive" else
+                             ("forced-" if oracle else "") + ("mss" if not line.is_chain else "speculative"))
+                            if sampled else ("naive" if line.verify == "naive" else "greedy")) if line.parents
+                    else ("sample" if sampled else "greedy"),
+                    law="designed" if oracle and sampled else "target", **extra)
+        sampling = SamplingConfig(temperature=temperature, seed=int(self.cfg.seed))
+        eng = None
+        try:
+            drafter, expect = self.drafter(model, line, temperature=temperature, alpha=alpha, decay=decay,
+                                           reference=reference)
+            spec = drafter.spec if drafter is not None else SpecConfig()
+            spec = dataclasses.replace(spec, buffer_size=R)
+            fit, need, free = plan_point(model, line.strategy, batch=batch, prompt_len=ids.shape[1], new_tokens=H,
+                                         spec=spec)
+            if not fit:
+                return {**base, "status": "skipped", "planned_bytes": need,
+                        "reason": f"needs {need} bytes beside the weights but {free} are free"}
+            eng = Engine(model, batch=batch, prefill_len=ids.shape[1], max_new_tokens=H, strategy=line.strategy,
+                         drafter=drafter, verifier=self.verifier(line, sampling), sampling=sampling, spec=spec,
+                         cuda_graph=self.graph)
+            eng.prefill(ids, valid)
+            row = throughput_row(eng, warmup=int(self.b.warmup), iters=int(self.b.iters),
+                                 reference=reference if oracle and not sampled else None, oracle_alpha=alpha, **base,
+                                 planned_bytes=need)
+            row.update(acceptance=base["acceptance"], alpha=base["alpha"], expected_accepted=expect,
+                       tau=row["mean_accepted"] + 1.0)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_oom(e):
+                raise
+            row = {**base, "status": "oom", "reason": str(e).splitlines()[0]}
+        del eng
+        release(self.device)
+        if row["status"] == "ok":
+            log.info("%s %s T=%.2f B=%d: %.1f tokens/s, tau %.2f", preset, line.label, temperature, batch,
+                     row["tokens_per_s"], row["tau"])
+        return row
+
+
+def _shape(name) -> tuple[list[int], str]:
+    parents = resolve_shape(name)
+    return parents, (name if isinstance(name, str) else f"custom{len(parents)}")
+
+
+# experiments ------------------------------------------------------------------------------------------
+def run_tab3(cfg: DictConfig) -> Iterator[dict]:
+    """Table 3: autoregressive, chain (vanilla SD) and tree (STree) at every temperature."""
+    b = cfg.bench
+    run = Runner(cfg, "stree_tab3_e2e")
+    parents, name = _shape(b.shape)
+    S = int(b.chain_S)
+    if S < 1:
+        raise ValueError(f"stree_tab3_e2e: bench.chain_S is the chain's draft length, >= 1; got {S}")
+    lines = [Line("autoregressive", "autoregressive"),
+             Line(f"chain S={S}", str(b.chain_strategy), chain(S), shape=f"chain{S}"),
+             Line(f"tree {name}", "stree", parents, shape=name)]
+    for preset in b.presets:
+        yield from run.run(preset, lines, acceptance_table(b))
+
+
+def run_fig4(cfg: DictConfig) -> Iterator[dict]:
+    """Fig. 4: speed and acceptance vs temperature; MSS (sampled tree) vs naive (top-k tree) sampling."""
+    b = cfg.bench
+    run = Runner(cfg, "stree_fig4_temperature")
+    if run.kind == "oracle":
+        raise ValueError("stree_fig4_temperature compares how two verification rules accept real drafts; the "
+                         "oracle's acceptance is designed, not measured. Use bench.drafter=self (the target with "
+                         "logit noise bench.sigma) or draft (a draft model)")
+    parents, name = _shape(b.shape)
+    S = int(b.chain_S)
+    lines = [Line("autoregressive", "autoregressive"),
+             Line(f"chain S={S}", str(b.chain_strategy), chain(S), shape=f"chain{S}"),
+             Line(f"tree {name} MSS", "stree", parents, shape=name),
+             Line(f"tree {name} naive", "stree", parents, verify="naive", shape=name)]
+    for preset in b.presets:
+        yield from run.run(preset, lines, acceptance_table(b))
+
+
+def run_tab4(cfg: DictConfig) -> Iterator[dict]:
+    """Table 4: STree with static shapes A-E (and autoregressive for the speedup)."""
+    b = cfg.bench
+    run = Runner(cfg, "stree_tab4_tree_shapes")
+    lines = [Line("autoregressive", "autoregressive")]
+    for s in b.shapes:
+        parents, name = _shape(s)
+        lines.append(Line(f"tree {name}", "stree", parents, shape=name))
+    for preset in b.presets:
+        for r in run.run(preset, lines, acceptance_table(b)):
+            if r.get("shape") in SHAPES:
+                depth = check_parents(SHAPES[r["shape"]])
+                r["tree_width"] = max(depth.count(d) for d in set(depth))
+                r["tree_tokens"] = len(depth)
+            yield r
+
+
+def run_tree_replay(cfg: DictConfig) -> Iterator[dict]:
+    """replay on token trees vs stree vs replay on a chain of as many drafts (equal tokens per call)."""
+    b = cfg.bench
+    run = Runner(cfg, "tree_replay")
+    R = int(b.R)
+    lines = [Line("autoregressive", "autoregressive"), Line("replay", "replay")]
+    for s in b.shapes:
+        parents, name = _shape(s)
+        T = len(parents)
+        if R < 1 + T:
+            raise ValueError(f"tree_replay: replay's buffer R={R} cannot hold one call of shape {name} ({1 + T} "
+                             f"tokens); raise bench.R to at least {1 + T}")
+        lines += [Line(f"replay tree {name}", "replay", parents, shape=name),
+                  Line(f"stree tree {name}", "stree", parents, shape=name),
+                  Line(f"replay chain S={T}", "replay", chain(T), shape=f"chain{T} (={name})")]
+    for preset in b.presets:
+        yield from run.run(preset, lines, acceptance_table(b))
+
+
+__all__ = ["PAPER_TAB3", "PAPER_TAB4", "expected_accepted", "run_fig4", "run_tab3", "run_tab4", "run_tree_replay"]

@@ -1,0 +1,146 @@
+"""STree end to end (bench/e2e_tree.py, bench/tree_sampling.py) on CPU: the four experiments run through the
+engine and draw their figures; oracle rows state their acceptance and match its exact expectation's support;
+greedy lines stay lossless; replay on a token tree accepts exactly what stree accepts on the same drafts; the
+naive tree sampler and the forced sampler do what their docs say; a self-draft with no noise is always
+accepted by multi-step speculative sampling."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from pipeline_helpers import PNG_MAGIC, rows_of
+
+from ssmspec.bench.tree_sampling import ForcedSampler, NaiveTreeSampler
+from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.oracle import expected_accepted
+from ssmspec.verify import SamplingConfig
+
+FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=3"]
+
+
+def _run(cli, tmp_path: Path, exp: str, *extra: str, plot: bool = True) -> list[dict]:
+    out = tmp_path / "run"
+    status, _, err = cli("run", f"experiment={exp}", *FAST, *extra, f"results_dir={out}")
+    assert status == 0, err
+    if plot:
+        png = tmp_path / "fig.png"
+        status, _, err = cli("plot", exp, "--from", str(out), "--out", str(png))
+        assert status == 0, err
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    return rows_of(out)
+
+
+def _by(rows, **kw) -> list[dict]:
+    return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
+
+
+def test_tab3_states_its_acceptance_and_greedy_stays_lossless(cli, tmp_path):
+    rows = _run(cli, tmp_path, "stree_tab3_e2e")
+    assert {r["line"] for r in rows} == {"autoregressive", "chain S=4", "tree A"}
+    assert {r["temperature"] for r in rows} == {0.0, 1.0}
+    for r in rows:
+        assert r["status"] == "ok" and r["tokens_per_s"] > 0 and r["tau"] == pytest.approx(r["mean_accepted"] + 1)
+        assert sum(r["accepted_hist"].values()) == 3  # one count per timed step (batch 1)
+        if r["line"] == "autoregressive":
+            assert r["acceptance"] == "none" and r["speedup"] == pytest.approx(1.0)
+            continue
+        assert r["acceptance"] == "oracle" and r["alpha"] in (0.55, 0.37)
+        tree = r["line"] == "tree A"
+        assert r["expected_accepted"] == pytest.approx(
+            expected_accepted(r["alpha"], tree="A", rank_decay=r["rank_decay"]) if tree else
+            expected_accepted(r["alpha"], draft_len=4))
+        assert max(int(k) for k in r["accepted_hist"]) <= 4
+        if r["temperature"] == 0.0:
+            assert r["ref_match"] == 1.0 and r["law"] == "target" and r["verify"] == "greedy"
+        else:
+            assert r["law"] == "designed" and r["verify"] == ("forced-mss" if tree else "forced-speculative")
+
+
+def test_fig4_measures_mss_and_naive_and_refuses_the_oracle(cli, tmp_path):
+    rows = _run(cli, tmp_path, "stree_fig4_temperature", "bench.temperature=[0.0,1.0]")
+    spec = [r for r in rows if r["line"] != "autoregressive"]
+    assert spec and all(r["acceptance"] == "measured" and r["law"] == "target" and r["alpha"] is None
+                        for r in spec)
+    mss = _by(rows, line="tree A MSS", temperature=0.0)[0]
+    naive = _by(rows, line="tree A naive", temperature=0.0)[0]
+    # greedy: the same top-k drafts (same noise seed), and naive sampling at T = 0 is greedy verification
+    assert mss["accepted_hist"] == naive["accepted_hist"]
+    assert _by(rows, line="tree A MSS", temperature=1.0)[0]["verify"] == "mss"
+    assert _by(rows, line="tree A naive", temperature=1.0)[0]["verify"] == "naive"
+    status, _, err = cli("run", "experiment=stree_fig4_temperature", *FAST, "bench.drafter=oracle",
+                         f"results_dir={tmp_path / 'bad'}")
+    assert status != 0 and "bench.drafter=self" in err and not (tmp_path / "bad").exists()
+
+
+def test_self_draft_without_noise_is_always_accepted_by_mss(cli, tmp_path):
+    """q = p (the target drafts for itself, sigma 0): multi-step speculative sampling and Leviathan's test
+    accept every draft, so tau = depth + 1 exactly -- the sampled drafts, their recorded q and the tree's
+    logits line up."""
+    rows = _run(cli, tmp_path, "stree_tab3_e2e", "bench.drafter=self", "bench.sigma=0.0", "bench.temperature=[1.0]",
+                "bench.alpha=[1.0]", "bench.rank_decay=[1.0]", plot=False)
+    assert _by(rows, line="tree A")[0]["tau"] == pytest.approx(5.0)
+    assert _by(rows, line="chain S=4")[0]["tau"] == pytest.approx(5.0)
+
+
+def test_tab4_shapes_follow_table4(cli, tmp_path):
+    rows = _run(cli, tmp_path, "stree_tab4_tree_shapes", "bench.shapes=[A,B,E]")
+    got = {r["shape"]: (r["tree_width"], r["depth"], r["tree_tokens"]) for r in rows if r["shape"]}
+    assert got == {"A": (3, 4, 13), "B": (16, 3, 29), "E": (3, 5, 16)}
+    assert all(r["law"] == "designed" and r["rank_decay"] == 0.7 for r in rows if r["shape"])
+
+
+def test_tree_replay_accepts_what_stree_accepts(cli, tmp_path):
+    rows = _run(cli, tmp_path, "tree_replay", "bench.shapes=[A]", "bench.batch=[2]")
+    assert {r["line"] for r in rows} == {"autoregressive", "replay", "replay tree A", "stree tree A",
+                                         "replay chain S=12"}
+    rt, st = _by(rows, line="replay tree A")[0], _by(rows, line="stree tree A")[0]
+    assert rt["accepted_hist"] == st["accepted_hist"]  # same oracle draws, both lossless
+    for r in rows:
+        if r["draft_nodes"]:
+            assert r["ref_match"] == 1.0 and r["tokens_per_call"] == 13 * 2 and r["alpha"] == 0.55
+    status, _, err = cli("run", "experiment=tree_replay", *FAST, "bench.R=8", f"results_dir={tmp_path / 'bad'}")
+    assert status != 0 and "raise bench.R to at least 13" in err
+
+
+# the verifiers ---------------------------------------------------------------------------------------
+def _tree(bsz: int, tokens: list[int], parents: list[int], match=None) -> DraftTree:
+    t = torch.tensor(tokens).expand(bsz, -1).contiguous()
+    d = DraftTree(t, torch.tensor(parents).expand(bsz, -1).contiguous())  # depth found from the parents
+    d.match = None if match is None else torch.tensor(match).expand(bsz, -1).contiguous()
+    return d
+
+
+def test_naive_sampler_emits_the_target_law_and_accepts_the_drafted_mass():
+    """Root children {1, 3}, node 1 has child 2. The first emitted token ~ p(root); a child is entered with
+    probability p(root)[{1, 3}]; entering node 1 then accepts node 2 with p(node 1)[2]."""
+    V, n = 5, 40_000
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(3 + 1, V, generator=g), -1)  # nodes 0..3
+    logits = p.log()[None].expand(n, -1, -1)
+    drafts = _tree(n, [1, 3, 2], [0, 0, 1])
+    v = NaiveTreeSampler(SamplingConfig(temperature=1.0)).verify(logits, drafts, torch.Generator().manual_seed(1))
+    first = torch.where(v.accepted > 0, drafts.tokens.gather(1, (v.path[:, 1:2] - 1).clamp(min=0))[:, 0], v.bonus)
+    freq = torch.bincount(first, minlength=V).double() / n
+    assert (freq - p[0].double()).abs().max() < 4 * (0.25 / n) ** 0.5
+    entered = (v.accepted > 0).double().mean()
+    assert abs(entered - (p[0, 1] + p[0, 3])) < 4 * (0.25 / n) ** 0.5
+    deep = (v.accepted == 2).double().mean()
+    assert abs(deep - p[0, 1] * p[1, 2]) < 4 * (0.25 / n) ** 0.5
+    # greedy: the argmax walk
+    top = torch.zeros(1, 4, V)
+    top[0, 0, 1] = top[0, 1, 2] = top[0, 3, 4] = 1.0
+    vg = NaiveTreeSampler(SamplingConfig()).verify(top, _tree(1, [1, 3, 2], [0, 0, 1]))
+    assert vg.accepted.tolist() == [2] and vg.path.tolist() == [[0, 1, 3]] and vg.bonus.tolist() == [4]
+
+
+def test_forced_sampler_takes_the_kept_path_and_samples_the_bonus_there():
+    V, n = 4, 20_000
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(2 * torch.randn(4, V, generator=g), -1)
+    drafts = _tree(n, [1, 3, 2], [0, 0, 1], match=[False, True, True])  # node 3 (under node 1) unreachable
+    v = ForcedSampler(SamplingConfig(temperature=1.0)).verify(p.log()[None].expand(n, -1, -1), drafts,
+                                                               torch.Generator().manual_seed(3))
+    assert (v.accepted == 1).all() and (v.path[:, :2] == torch.tensor([0, 2])).all()
+    freq = torch.bincount(v.bonus, minlength=V).double() / n
+    assert (freq - p[2].double()).abs().max() < 4 * (0.25 / n) ** 0.5  # drawn from p at node 2
