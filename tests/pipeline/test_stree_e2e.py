@@ -73,14 +73,22 @@ def test_fig4_measures_mss_and_naive_and_refuses_the_oracle(cli, tmp_path):
     assert status != 0 and "bench.drafter=self" in err and not (tmp_path / "bad").exists()
 
 
-def test_self_draft_without_noise_is_always_accepted_by_mss(cli, tmp_path):
-    """q = p (the target drafts for itself, sigma 0): multi-step speculative sampling and Leviathan's test
-    accept every draft, so tau = depth + 1 exactly -- the sampled drafts, their recorded q and the tree's
-    logits line up."""
-    rows = _run(cli, tmp_path, "stree_tab3_e2e", "bench.drafter=self", "bench.sigma=0.0", "bench.temperature=[1.0]",
-                "bench.alpha=[1.0]", "bench.rank_decay=[1.0]", plot=False)
+@pytest.mark.parametrize("drafter,temperature", [("self", 1.0), ("draft", 0.0), ("draft", 1.0)])
+def test_a_draft_equal_to_the_target_is_always_accepted(cli, tmp_path, drafter, temperature):
+    """q = p: the target drafts for itself with no noise (self, sigma 0), or a draft model built from the target's
+    preset and seed (the same random weights). Multi-step speculative sampling, Leviathan's test and greedy
+    verification then accept every draft, so tau = depth + 1 exactly -- the drafts, their recorded q and the
+    tree's logits line up; and a perturbed self-draft is accepted less."""
+    args = ["bench.temperature=[%s]" % temperature, "bench.alpha=[1.0]", "bench.rank_decay=[1.0]"]
+    rows = _run(cli, tmp_path, "stree_tab3_e2e", f"bench.drafter={drafter}", "bench.sigma=0.0",
+                "bench.draft=tiny-mamba-in-llama", *args, plot=False)
     assert _by(rows, line="tree A")[0]["tau"] == pytest.approx(5.0)
     assert _by(rows, line="chain S=4")[0]["tau"] == pytest.approx(5.0)
+    assert all(r["acceptance"] == "measured" for r in rows if r["draft_nodes"])
+    if drafter == "self":
+        rows = _run(cli, tmp_path / "noisy", "stree_tab3_e2e", "bench.drafter=self", "bench.sigma=3.0", *args,
+                    "bench.iters=8", plot=False)
+        assert _by(rows, line="chain S=4")[0]["tau"] < 4.5
 
 
 def test_tab4_shapes_follow_table4(cli, tmp_path):
