@@ -1,8 +1,8 @@
 """STree end to end (bench/e2e_tree.py, bench/tree_sampling.py) on CPU: the four experiments run through the
 engine and draw their figures; oracle rows state their acceptance and match its exact expectation's support;
 greedy lines stay lossless; replay on a token tree accepts exactly what stree accepts on the same drafts; the
-naive tree sampler and the forced sampler do what their docs say; a self-draft with no noise is always
-accepted by multi-step speculative sampling."""
+naive tree sampler, the forced sampler and the coupled (position-keyed) sampler do what their docs say; a
+draft equal to the target is always accepted by multi-step speculative sampling."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,9 +11,12 @@ import pytest
 import torch
 from pipeline_helpers import PNG_MAGIC, rows_of
 
-from ssmspec.bench.tree_sampling import ForcedSampler, NaiveTreeSampler
+from ssmspec.bench.tree_sampling import (CoupledOracle, CoupledSampler, ForcedSampler, NaiveTreeSampler,
+                                         coupled_reference, race_noise)
 from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.oracle import expected_accepted
+from ssmspec.engine.generate import generate
+from ssmspec.models import build_model, load_preset
 from ssmspec.verify import SamplingConfig
 
 FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=3"]
@@ -51,10 +54,19 @@ def test_tab3_states_its_acceptance_and_greedy_stays_lossless(cli, tmp_path):
             expected_accepted(r["alpha"], tree="A", rank_decay=r["rank_decay"]) if tree else
             expected_accepted(r["alpha"], draft_len=4))
         assert max(int(k) for k in r["accepted_hist"]) <= 4
-        if r["temperature"] == 0.0:
-            assert r["ref_match"] == 1.0 and r["law"] == "target" and r["verify"] == "greedy"
-        else:
-            assert r["law"] == "designed" and r["verify"] == ("forced-mss" if tree else "forced-speculative")
+        # coupled oracle: a real test, the target's law; the emitted tokens are the truth (greedy or sampled)
+        assert r["ref_match"] == 1.0 and r["law"] == "target" and r["oracle"] == "coupled"
+        assert r["verify"] == ("greedy" if r["temperature"] == 0.0 else "coupled")
+
+
+def test_tab3_forced_oracle_says_its_law_is_designed_under_sampling(cli, tmp_path):
+    rows = _run(cli, tmp_path, "stree_tab3_e2e", "bench.oracle=forced", plot=False)
+    for r in rows:
+        if r["draft_nodes"] and r["temperature"] == 1.0:
+            assert r["law"] == "designed" and r["ref_match"] is None
+            assert r["verify"] == ("forced-mss" if r["line"] == "tree A" else "forced-speculative")
+        elif r["draft_nodes"]:
+            assert r["law"] == "target" and r["ref_match"] == 1.0 and r["verify"] == "greedy"
 
 
 def test_fig4_measures_mss_and_naive_and_refuses_the_oracle(cli, tmp_path):
@@ -95,7 +107,7 @@ def test_tab4_shapes_follow_table4(cli, tmp_path):
     rows = _run(cli, tmp_path, "stree_tab4_tree_shapes", "bench.shapes=[A,B,E]")
     got = {r["shape"]: (r["tree_width"], r["depth"], r["tree_tokens"]) for r in rows if r["shape"]}
     assert got == {"A": (3, 4, 13), "B": (16, 3, 29), "E": (3, 5, 16)}
-    assert all(r["law"] == "designed" and r["rank_decay"] == 0.7 for r in rows if r["shape"])
+    assert all(r["law"] == "target" and r["rank_decay"] == 0.7 and r["ref_match"] == 1.0 for r in rows if r["shape"])
 
 
 def test_tree_replay_accepts_what_stree_accepts(cli, tmp_path):
@@ -152,3 +164,38 @@ def test_forced_sampler_takes_the_kept_path_and_samples_the_bonus_there():
     assert (v.accepted == 1).all() and (v.path[:, :2] == torch.tensor([0, 2])).all()
     freq = torch.bincount(v.bonus, minlength=V).double() / n
     assert (freq - p[2].double()).abs().max() < 4 * (0.25 / n) ** 0.5  # drawn from p at node 2
+
+
+def test_race_noise_draws_the_target_law_and_is_keyed_by_position():
+    """argmax(p / E) with the hashed noise: frequencies over many sequences follow p; the noise of a (sequence,
+    position) is the same whatever the call it is drawn in, and differs between positions and seeds."""
+    V, n = 6, 30_000
+    p = torch.softmax(torch.randn(V, generator=torch.Generator().manual_seed(4)), -1)
+    rows = torch.arange(n)
+    pos = torch.full((n, 1), 7)
+    y = (p / race_noise(0, rows, pos, V)).argmax(-1)[:, 0]
+    freq = torch.bincount(y, minlength=V).double() / n
+    assert (freq - p.double()).abs().max() < 4 * (0.25 / n) ** 0.5
+    wide = race_noise(0, rows[:3], torch.tensor([[5, 7, 9]] * 3), V)
+    assert torch.equal(wide[:, 1], race_noise(0, rows[:3], pos[:3], V)[:, 0])
+    assert not torch.equal(wide[:, 0], wide[:, 1]) and not torch.equal(race_noise(1, rows[:3], pos[:3], V),
+                                                                      race_noise(0, rows[:3], pos[:3], V))
+
+
+@pytest.mark.parametrize("tree", ["A", None])
+def test_coupled_oracle_emits_the_sampled_truth_at_its_designed_acceptance(tree):
+    m = build_model(load_preset("tiny-mamba-in-llama"), seed=0, device="cpu", dtype=torch.float32)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12]]
+    s = SamplingConfig(temperature=1.0)
+    ref = coupled_reference(m, prompts, max_new_tokens=110, sampling=s, seed=3)
+    kw = dict(tree=tree, rank_decay=0.5) if tree else dict(draft_len=4)
+    d = CoupledOracle(p=0.6, reference=ref, vocab_size=m.cfg.vocab_size, seed=1, **kw)
+    out = generate(m, prompts, max_new_tokens=100, strategy="stree", drafter=d, verifier=CoupledSampler(s, 3),
+                   sampling=s)
+    assert [r[:100] for r in ref] == out.sequences  # lossless: the target's own sample
+    acc = torch.tensor([a for st in out.steps[1:] for a in st.accepted], dtype=torch.float64)
+    assert abs(acc.mean() - d.expected_accepted()) < 4 * acc.std() / len(acc) ** 0.5
+    # a sampler keyed by another seed sees other samples: the kept drafts are then mostly rejected
+    out = generate(m, prompts, max_new_tokens=40, strategy="stree", drafter=CoupledOracle(
+        p=0.6, reference=ref, vocab_size=m.cfg.vocab_size, seed=1, **kw), verifier=CoupledSampler(s, 4), sampling=s)
+    assert sum(a for st in out.steps[1:] for a in st.accepted) < 0.5 * d.expected_accepted() * (len(out.steps) - 1)

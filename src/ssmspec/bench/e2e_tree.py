@@ -11,20 +11,24 @@ of the same model, batch and temperature in the same run.
 
 Acceptance, stated (``bench.drafter``; ``auto``: ``oracle`` on random weights, ``draft`` with ``checkpoint=``):
 
-- ``oracle`` (``drafting/oracle.py``): the target's own greedy continuation (an autoregressive ``generate()``
-  of the same prompts), each draft node kept with probability alpha, per branch: the r-th child of a tree node
-  with alpha * beta^r (``rank_decay`` beta: later guesses are right less often), else a different token.
-  The oracle is forced: the verifier accepts exactly the kept nodes, so the accepted length is the depth of
-  the deepest fully kept path and its mean is known exactly (``expected_accepted``, in every row). At
-  temperature 0 greedy verification emits the target's own tokens (lossless; ``ref_match`` checks it). At
-  temperature > 0 no drafter that does not know p can be accepted by an exact test on random weights; the
-  rows time the real speculative test (Leviathan for chains, multi-step speculative sampling for trees)
-  on every node and replace its verdict by the oracle's (``bench/tree_sampling.py: ForcedSampler``), with
-  the bonus sampled from the target: a systems measurement at the stated acceptance whose emitted tokens
-  are *not* a sample of the target law (``law: designed``). The defaults are calibrated on seed 003's
-  Table 3 (MT-Bench): at temperature 0 alpha = 0.55, beta = 0.35 give a chain of 4 1.11 and tree A 1.44
-  accepted drafts (paper 1.04 and 1.47); at temperature 1 alpha = 0.37, beta = 0.7 give 0.58 and 1.03
-  (paper 0.55 and 1.03).
+- ``oracle`` (``drafting/oracle.py``): each draft node holds the token the target emits at its position with
+  probability alpha, per branch -- the r-th child of a tree node with alpha * beta^r (``rank_decay`` beta:
+  later guesses are right less often) -- else a different token; the accepted length is the depth of the
+  deepest fully kept path and its mean is known exactly (``expected_accepted``, in every row). ``bench.oracle``:
+  ``coupled`` (default): verification is a real test and the law is the target's. At temperature 0 the truth
+  is the target's greedy continuation and greedy verification compares tokens. At temperature > 0 the target
+  samples every position by an exponential race whose noise is a hash of (sequence, position, token)
+  (``bench/tree_sampling.py: CoupledSampler``; still an exact draw), so its sampled continuation is computed
+  once in advance and is the truth; at each node the target samples and the walk enters the child holding the
+  sample -- for these deterministic drafts the law and acceptance of Leviathan's test and of multi-step
+  speculative sampling. Emitted tokens equal the truth (``ref_match``; a near-tie flipped by other numerics
+  lowers it, after which drafts are off the path). ``forced``: greedy verification takes the oracle's word for
+  its kept nodes (bf16 flips cannot lower the acceptance, as ``replay_fig8_throughput``); at temperature > 0
+  the real speculative / MSS test runs on every node for its cost, its verdict is replaced by the oracle's and
+  the bonus is sampled from the target (``ForcedSampler``): rows say ``law: designed``, the emitted tokens are
+  not a sample of the target. The defaults are calibrated on seed 003's Table 3 (MT-Bench): at temperature 0
+  alpha = 0.55, beta = 0.35 give a chain of 4 1.11 and tree A 1.44 accepted drafts (paper 1.04 and 1.47); at
+  temperature 1 alpha = 0.37, beta = 0.7 give 0.58 and 1.03 (paper 0.55 and 1.03).
 - ``self``: measured acceptance of a draft whose q is a stated perturbation of p: the target model itself
   (shared weights, its own states) drafts with N(0, sigma^2) noise on every logit, q = softmax((z + sigma
   eps) / T) (``bench.sigma``). Chains and MSS trees sample their children from q and record it; naive trees
@@ -57,7 +61,8 @@ from ssmspec import config as C
 from ssmspec.bench.e2e import _is_oom, plan_point, throughput_row
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps_replay import model_for, release
-from ssmspec.bench.tree_sampling import ForcedSampler, NaiveTreeSampler, PerturbedTree
+from ssmspec.bench.tree_sampling import (CoupledOracle, CoupledSampler, ForcedSampler, NaiveTreeSampler, PerturbedTree,
+                                         coupled_reference)
 from ssmspec.drafting.oracle import Oracle, expected_accepted
 from ssmspec.drafting.static_tree import SHAPES, check_parents, resolve_shape
 from ssmspec.engine import Engine
@@ -68,6 +73,7 @@ from ssmspec.verify.distributions import SamplingConfig
 log = logging.getLogger("ssmspec.bench.e2e_tree")
 
 DRAFTERS = ("auto", "oracle", "self", "draft")
+ORACLE_MODES = ("coupled", "forced")
 # Seed 003, Table 3 (MambaInLlama-8B, RTX 3090): tokens/s and tau per benchmark and temperature
 PAPER_TAB3 = {
     0.0: {"autoregressive": {"mtbench": (39.98, 1.0), "humaneval": (39.98, 1.0), "gsm8k": (40.47, 1.0)},
@@ -158,6 +164,9 @@ class Runner:
         self.seed = int(cfg.data.get("seed", 0))
         self.min_tok = int(cfg.data.get("min_token_id", 3))
         self._draft_model = None
+        self.oracle_mode = str(self.b.get("oracle", "coupled"))
+        if self.oracle_mode not in ORACLE_MODES:
+            raise ValueError(f"{what}: bench.oracle must be coupled or forced, got {self.oracle_mode!r}")
 
     def horizon(self, depth: int) -> int:
         """Tokens a timed run can emit per sequence at the deepest draft ``depth`` (as ``bench/e2e.py``)."""
@@ -183,13 +192,10 @@ class Runner:
         if not line.parents:
             return None, 0.0
         if self.kind == "oracle":
-            V = model.cfg.vocab_size
-            if line.is_chain:
-                d = Oracle(p=alpha, draft_len=len(line.parents), reference=reference, vocab_size=V,
-                           seed=int(self.cfg.seed), forced=True)
-            else:
-                d = Oracle(p=alpha, tree=line.parents, reference=reference, vocab_size=V, seed=int(self.cfg.seed),
-                           forced=True, rank_decay=decay)
+            V, forced = model.cfg.vocab_size, self.oracle_mode == "forced"
+            cls = CoupledOracle if temperature > 0 and not forced else Oracle
+            kw = dict(draft_len=len(line.parents)) if line.is_chain else dict(tree=line.parents, rank_decay=decay)
+            d = cls(p=alpha, reference=reference, vocab_size=V, seed=int(self.cfg.seed), forced=forced, **kw)
             return d, d.expected_accepted()
         sigma = float(self.b.get("sigma", 0.0)) if self.kind == "self" else 0.0
         sample = temperature > 0 and line.verify == "exact"  # MSS / Leviathan need drafts drawn from q
@@ -203,8 +209,26 @@ class Runner:
         if line.verify == "naive":
             return NaiveTreeSampler(sampling)
         if self.kind == "oracle" and not sampling.greedy:
-            return ForcedSampler(sampling)
+            return ForcedSampler(sampling) if self.oracle_mode == "forced" else CoupledSampler(sampling, self.cfg.seed)
         return None  # greedy (reads the forced oracle's match) or speculative / MSS
+
+    def reference(self, model, ids, *, H: int, temperature: float, cache: dict):
+        """The oracle's truth for these prompts: the target's greedy continuation (temperature 0, or a forced
+        oracle) or its sampled one under the coupled noise; computed once per kind and kept in ``cache``."""
+        coupled = temperature > 0 and self.oracle_mode == "coupled"
+        key = temperature if coupled else "greedy"
+        if key not in cache:
+            prompts = ids.tolist()
+            if coupled:
+                cache[key] = coupled_reference(model, prompts, max_new_tokens=H, seed=int(self.cfg.seed),
+                                               sampling=SamplingConfig(temperature=temperature,
+                                                                       seed=int(self.cfg.seed)),
+                                               cuda_graph=self.graph)
+            else:
+                cache[key] = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",
+                                      cuda_graph=self.graph).sequences
+            release(self.device)
+        return cache[key]
 
     def run(self, preset: str, lines: list[Line], temps: list[tuple[float, float, float]],
             extra: dict | None = None) -> Iterator[dict]:
@@ -217,12 +241,11 @@ class Runner:
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
             ids = synthetic_prompts(bsz, Tp, V, seed=self.seed, min_token_id=self.min_tok, device=self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
-            reference = None
-            if self.kind == "oracle":  # the target's own greedy continuation: the oracle's truth
-                reference = generate(model, ids.tolist(), max_new_tokens=H, strategy="autoregressive",
-                                     cuda_graph=self.graph).sequences
-                release(self.device)
+            refs: dict = {}
             for temperature, alpha, decay in temps:
+                reference = None
+                if self.kind == "oracle":
+                    reference = self.reference(model, ids, H=H, temperature=temperature, cache=refs)
                 rows = [self.point(model, line, batch=bsz, ids=ids, valid=valid, reference=reference, H=H, R=R,
                                    temperature=temperature, alpha=alpha, decay=decay, preset=preset,
                                    extra=extra or {}) for line in lines]
@@ -240,6 +263,7 @@ class Runner:
         spec_d = len(line.parents) if line.parents else 0
         oracle = self.kind == "oracle" and bool(line.parents)
         sampled = temperature > 0
+        forced = oracle and self.oracle_mode == "forced"
         base = dict(model=preset, line=line.label, strategy=line.strategy, shape=line.shape,
                     draft_nodes=spec_d, depth=line.depth, batch=batch, prompt_len=int(self.b.prompt_len),
                     temperature=temperature, dtype=C.dtype_name(model.dtype),
@@ -247,11 +271,9 @@ class Runner:
                     acceptance=("oracle" if oracle else "measured") if line.parents else "none",
                     alpha=alpha if oracle else None, rank_decay=decay if oracle and not line.is_chain else None,
                     sigma=float(self.b.get("sigma", 0.0)) if self.kind == "self" and line.parents else None,
-                    verify=(("naive" if line.verify == "naive" else
-                             ("forced-" if oracle else "") + ("mss" if not line.is_chain else "speculative"))
-                            if sampled else ("naive" if line.verify == "naive" else "greedy")) if line.parents
-                    else ("sample" if sampled else "greedy"),
-                    law="designed" if oracle and sampled else "target", **extra)
+                    oracle=self.oracle_mode if oracle else None,
+                    verify=_verify_label(line, oracle=oracle, forced=forced, sampled=sampled),
+                    law="designed" if forced and sampled else "target", **extra)
         sampling = SamplingConfig(temperature=temperature, seed=int(self.cfg.seed))
         eng = None
         try:
@@ -269,10 +291,12 @@ class Runner:
                          cuda_graph=self.graph)
             eng.prefill(ids, valid)
             row = throughput_row(eng, warmup=int(self.b.warmup), iters=int(self.b.iters),
-                                 reference=reference if oracle and not sampled else None, oracle_alpha=alpha, **base,
-                                 planned_bytes=need)
+                                 reference=reference if oracle and not (forced and sampled) else None,
+                                 oracle_alpha=alpha, **base, planned_bytes=need)
             row.update(acceptance=base["acceptance"], alpha=base["alpha"], expected_accepted=expect,
                        tau=row["mean_accepted"] + 1.0)
+            if forced and row["ref_match"] is not None and row["ref_match"] < 1.0:
+                row["law"] = "designed"  # a kept draft off the target's own path was emitted
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not _is_oom(e):
                 raise
@@ -283,6 +307,20 @@ class Runner:
             log.info("%s %s T=%.2f B=%d: %.1f tokens/s, tau %.2f", preset, line.label, temperature, batch,
                      row["tokens_per_s"], row["tau"])
         return row
+
+
+def _verify_label(line: Line, *, oracle: bool, forced: bool, sampled: bool) -> str:
+    """How a line's drafts were judged (rows' ``verify``)."""
+    if not line.parents:
+        return "sample" if sampled else "greedy"
+    if line.verify == "naive":
+        return "naive"
+    if not sampled:
+        return "greedy"
+    rule = "speculative" if line.is_chain else "mss"
+    if oracle:
+        return f"forced-{rule}" if forced else "coupled"
+    return rule
 
 
 def _shape(name) -> tuple[list[int], str]:

@@ -20,6 +20,20 @@ last accepted node. The emitted tokens of these rows are therefore *not* a sampl
 drafts are the reference's tokens): they are a systems measurement at a stated acceptance, and every row says
 so (``law``).
 
+``CoupledOracle`` + ``CoupledSampler`` (the honest oracle under sampling; lossless): the target samples the
+token at output position k of sequence b by an exponential race, argmax(p / E), whose noise E(b, k, v) is a
+fixed hash of (seed, b, k, v) instead of a stream of random numbers -- still an exact draw from p, since the
+noise of a position is independent of everything before it. The oracle's truth is the target's own sampled
+continuation under that noise (``coupled_reference``: a run whose drafts are never right), so the token the
+target will sample at a node on the true path is known in advance, and each node holds it with probability
+alpha per branch. Verification is a real test: at each node the target samples y with the node's noise and
+the walk enters the child holding y (for deterministic drafts this *is* multi-step speculative sampling and
+Leviathan's test: a child x is entered with probability r(x), and after rejected children the race's winner is
+a draw from the residual). A kept node holds y, a corrupted one never does, so the accepted counts are the
+designed ones, and the emitted tokens are the reference: an exact sample of the target, as with greedy
+verification at temperature 0. Different numerics of the tree call can flip a near-tie of the race, after
+which the drafts are off the path (``ref_match`` in the rows says how often).
+
 ``PerturbedTree``: a static tree shape filled by a draft model whose logits z get fresh Gaussian noise at every
 node, scaled to their spread: q = softmax((z + sigma std(z) eps) / T), eps ~ N(0, 1) per token, std over the
 vocabulary (so one sigma means the same on every preset, whatever the scale of its random logits). With
@@ -34,7 +48,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree
+from ssmspec.drafting.base import DraftTree, TokenBuffer
+from ssmspec.drafting.oracle import Oracle
 from ssmspec.drafting.static_tree import StaticTree
 from ssmspec.strategies.base import SpecConfig
 from ssmspec.verify.base import Verdict, path_to_node
@@ -86,6 +101,92 @@ class ForcedSampler(SpeculativeVerifier):
         last = forced.last_node  # (B,)
         bonus = sample(p.gather(1, last[:, None, None].expand(-1, 1, p.shape[-1]))[:, 0], generator)
         return Verdict(accepted=forced.accepted, path=forced.path, bonus=bonus)
+
+
+# odd 63-bit multipliers (splitmix64 / PCG constants, top bit cleared so they fit a signed int64)
+_K_SEED, _K_ROW, _K_POS, _K_TOK = 0x5851F42D4C957F2D, 0x2545F4914F6CDD1D, 0x1B873593A5E2C3B7, 0x3C6EF372FE94F82B
+_M1, _M2 = 0x7FB5D329728EA185, 0x14057B7EF767814F
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 ``x`` by ``k`` (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def race_noise(seed: int, rows: Tensor, pos: Tensor, V: int) -> Tensor:
+    """Exp(1) noise E (B, L, V) fp32 of sequences ``rows`` (B,) at output positions ``pos`` (B, L): a hash of
+    (seed, row, position, token), the same whatever the call it is drawn in. int64 products wrap around."""
+    v = torch.arange(V, device=pos.device, dtype=torch.long)
+    s = (seed * _K_SEED) % 2 ** 64
+    s = s - 2 ** 64 if s >= 2 ** 63 else s  # the int64 wrap of seed * K on the host (no copy under a graph)
+    x = s + rows[:, None, None] * _K_ROW + pos[:, :, None] * _K_POS + v * _K_TOK  # (B, L, V)
+    x = (x ^ _shr(x, 30)) * _M1  # splitmix64 finaliser
+    x = (x ^ _shr(x, 27)) * _M2
+    x = x ^ _shr(x, 31)
+    u = (_shr(x, 33).float() + 0.5) * (1.0 / 2 ** 31)  # (0, 1), 31 random bits
+    return -torch.log(u)
+
+
+class CoupledOracle(Oracle):
+    """The oracle whose drafts carry their output position (``position`` (B,): tokens emitted so far, pending
+    included), so ``CoupledSampler`` draws each node's noise by position (module doc)."""
+
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        drafts = super().propose_device(buf)
+        drafts.position = buf.length - buf.prompt_len  # (B,) the pending node samples output position this
+        return drafts
+
+    def propose(self, history: list[list[int]], pending: Tensor) -> DraftTree:
+        drafts = super().propose(history, pending)
+        drafts.position = torch.tensor([len(h) for h in history], device=self.device) - self.plen
+        return drafts
+
+
+class CoupledSampler:
+    """Sample the target at every node with position-keyed race noise and follow the child holding the sample
+    (naive tree sampling; for deterministic drafts the law and acceptance of MSS / Leviathan). Lossless."""
+
+    name = "coupled"
+
+    def __init__(self, sampling: SamplingConfig, seed: int) -> None:
+        self.sampling, self.seed = sampling, int(seed)
+
+    def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
+        p = target_probs(node_logits, self.sampling)  # (B, 1+T, V)
+        bsz, n, V = p.shape
+        rows = torch.arange(bsz, device=p.device)
+        if drafts is None:  # the prefill's first token: output position 0
+            if n != 1:
+                raise ValueError("CoupledSampler without drafts samples one position (the prefill's first token)")
+            pos = torch.zeros(bsz, 1, dtype=torch.long, device=p.device)
+        else:
+            if getattr(drafts, "position", None) is None:
+                raise ValueError("CoupledSampler needs drafts that carry their output position (CoupledOracle)")
+            pos = drafts.position[:, None] + drafts.depths_with_root()  # (B, 1+T) position each node samples
+        y = (p / race_noise(self.seed, rows, pos, V)).argmax(-1)  # (B, 1+T) the target's draw at each node
+        cur = torch.zeros(bsz, dtype=torch.long, device=p.device)
+        if drafts is None or drafts.size == 0:
+            return Verdict(accepted=cur, path=cur[:, None], bonus=y[:, 0])
+        for j in range(1, drafts.size + 1):  # topological order: a node's children come after it
+            hit = (drafts.parents[:, j - 1] == cur) & (drafts.tokens[:, j - 1] == y.gather(1, cur[:, None])[:, 0])
+            cur = torch.where(hit, torch.full_like(cur, j), cur)
+        path, depth = path_to_node(drafts.parents_with_root(), cur, drafts.max_depth())
+        return Verdict(accepted=depth, path=path, bonus=y.gather(1, cur[:, None])[:, 0])
+
+
+def coupled_reference(model, prompts: list[list[int]], *, max_new_tokens: int, sampling: SamplingConfig, seed: int,
+                      cuda_graph: bool | None = None) -> list[list[int]]:
+    """The target's own sampled continuation under ``CoupledSampler``'s noise: a run with one draft a step that
+    is never the truth (p = 0; a draft that happens to equal the sample is accepted, which changes nothing: the
+    emitted tokens are the race's winners either way)."""
+    from ssmspec.engine.generate import generate
+
+    V = model.cfg.vocab_size
+    dummy = [[0] for _ in prompts]
+    drafter = CoupledOracle(p=0.0, draft_len=1, reference=dummy, vocab_size=V, seed=seed)
+    out = generate(model, prompts, max_new_tokens=max_new_tokens, strategy="activation_replay", drafter=drafter,
+                   verifier=CoupledSampler(sampling, seed), sampling=sampling, cuda_graph=cuda_graph)
+    return out.sequences
 
 
 class PerturbedTree(StaticTree):

@@ -37,8 +37,10 @@ def _acceptance_text(g: pd.DataFrame) -> str:
     if kind == "oracle":
         parts = [f"T={t:g}: alpha {a:g}" + (f", beta {d:g}" if pd.notna(d) else "")
                  for (t, a), d in spec.groupby(["temperature", "alpha"])["rank_decay"].first().items()]
-        law = " (T > 0: verdict designed, law not the target's)" if (spec["law"] == "designed").any() else ""
-        return "forced oracle per branch, " + "; ".join(parts) + law
+        law = (" (law designed, not the target's: forced verdicts)" if (spec["law"] == "designed").any() else
+               " (real verification, the target's law)")
+        mode = spec["oracle"].iloc[0] if "oracle" in spec else "forced"
+        return f"{mode} oracle per branch, " + "; ".join(parts) + law
     sig = spec["sigma"].dropna()
     return f"measured acceptance, drafter {spec['drafter'].iloc[0]}" + (f" (logit noise sigma {sig.iloc[0]:g})"
                                                                         if len(sig) else "")
