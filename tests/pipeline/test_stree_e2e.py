@@ -199,3 +199,10 @@ def test_coupled_oracle_emits_the_sampled_truth_at_its_designed_acceptance(tree)
     out = generate(m, prompts, max_new_tokens=40, strategy="stree", drafter=CoupledOracle(
         p=0.6, reference=ref, vocab_size=m.cfg.vocab_size, seed=1, **kw), verifier=CoupledSampler(s, 4), sampling=s)
     assert sum(a for st in out.steps[1:] for a in st.accepted) < 0.5 * d.expected_accepted() * (len(out.steps) - 1)
+
+
+def test_a_checkpoint_needs_a_trained_draft(cli, tmp_path):
+    status, _, err = cli("run", "experiment=stree_tab3_e2e", *FAST, "checkpoint=/nonexistent/ckpt",
+                         f"results_dir={tmp_path / 'bad'}")
+    assert status != 0 and not (tmp_path / "bad").exists()
+    assert "give its weights with bench.draft_checkpoint" in err and "bench.drafter=self" in err

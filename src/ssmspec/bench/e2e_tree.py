@@ -164,6 +164,10 @@ class Runner:
         self.seed = int(cfg.data.get("seed", 0))
         self.min_tok = int(cfg.data.get("min_token_id", 3))
         self._draft_model = None
+        if self.kind == "draft" and cfg.get("checkpoint") and not self.b.get("draft_checkpoint"):
+            raise ValueError(f"{what}: checkpoint= drafts with a draft model, and a random-weight one is never "
+                             f"accepted; give its weights with bench.draft_checkpoint=<dir> (and bench.draft=<its "
+                             f"preset>), or measure a perturbed self-draft with bench.drafter=self")
         self.oracle_mode = str(self.b.get("oracle", "coupled"))
         if self.oracle_mode not in ORACLE_MODES:
             raise ValueError(f"{what}: bench.oracle must be coupled or forced, got {self.oracle_mode!r}")
