@@ -5,9 +5,13 @@ Nemotron-H writes its ``hybrid_override_pattern``:
 
     M  Mamba-2 mixer        *  attention (GQA, optional RoPE)
     -  MLP (relu² or SwiGLU) E  mixture of experts (top-k routing, optional shared expert)
+    G  Gated DeltaNet mixer (Qwen3-Next / Qwen3.5 ``linear_attention``; ``models/gdn.py``)
 
 Pure Mamba-2 is ``"M" * n_layer``; a Llama-style hybrid (MambaInLlama) is ``"M-*-M-*-..."`` with a
-SwiGLU MLP. The published sizes live in ``conf/model/<preset>.yaml`` (numbers in shared/MODELS.md);
+SwiGLU MLP. A Qwen3.5 / Qwen3-Next decoder layer (token mixer, then MLP or MoE, each pre-normed) is two
+blocks: ``"G-G-G-*-"`` (Qwen3.5, dense SwiGLU) or ``"GEGEGE*E"`` (Qwen3-Next, MoE in every layer) with
+``attn_output_gate``, ``attn_qk_norm`` and a partial rotary ``rope_partial``; their zero-centred norms
+(1 + w) are stored as plain weights (the loader adds the 1), so the block norm is the same RMSNorm. The published sizes live in ``conf/model/<preset>.yaml`` (numbers in shared/MODELS.md);
 ``load_preset`` reads them so that the Hydra config group and the Python API share one source.
 """
 from __future__ import annotations
@@ -20,13 +24,14 @@ import yaml
 
 from ssmspec.paths import CONF_DIR
 
-MIXER_CHARS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+MIXER_CHARS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "G": "gdn"}
+FAMILIES = ("mamba2", "nemotron_h", "mamba_in_llama", "qwen3_5", "qwen3_next")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "custom"  # preset name, recorded in every result row
-    family: str = "mamba2"  # checkpoint family: mamba2 | nemotron_h | mamba_in_llama (picks loader key maps)
+    family: str = "mamba2"  # checkpoint family: mamba2 | nemotron_h | mamba_in_llama | qwen3_5 | qwen3_next (loader)
     d_model: int = 64  # residual stream width
     pattern: str = "MM"  # one character per block, see module docstring
     vocab_size: int = 512  # rows of the embedding (padded size for mamba_ssm checkpoints)
@@ -55,6 +60,15 @@ class ModelConfig:
     rope_high_freq_factor: float = 4.0
     rope_original_max_pos: int = 8192  # original_max_position_embeddings
     attn_bias: bool = False
+    rope_partial: float = 1.0  # fraction of attn_head_dim that is rotated (Qwen3-Next / Qwen3.5: 0.25)
+    attn_output_gate: bool = False  # q_proj also emits a per-head gate: out * sigmoid(gate) before o_proj (Qwen)
+    attn_qk_norm: bool = False  # RMSNorm of every q and k head over attn_head_dim before RoPE (Qwen)
+    # Gated DeltaNet mixer (G blocks; conv_kernel is shared with Mamba-2). Seed 000 writes q, k, v as here
+    gdn_k_heads: int = 2  # G: key heads (linear_num_key_heads)
+    gdn_v_heads: int = 4  # H: value heads (linear_num_value_heads), a multiple of G
+    gdn_k_dim: int = 16  # N: key head dim (linear_key_head_dim)
+    gdn_v_dim: int = 16  # P: value head dim (linear_value_head_dim)
+    gdn_chunk_size: int = 64  # chunk length of the GDN prefill (WY form)
     # MLP / MoE
     mlp_kind: str = "relu2"  # relu2 (Nemotron-H: up -> relu^2 -> down) | swiglu (Llama: silu(gate)*up)
     d_ff: int = 128  # MLP hidden width
@@ -66,6 +80,8 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum to one
     n_expert_groups: int = 1  # routing groups (DeepSeek-V3 style group-limited routing, Nemotron-H n_group)
     topk_groups: int = 1  # groups a token may route into
+    moe_kind: str = "nemotron"  # nemotron (sigmoid router, relu² experts) | qwen (softmax router, SwiGLU
+    #                             experts, SwiGLU shared expert behind a sigmoid gate: Qwen3-Next)
     # whole model
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # lm_head shares the embedding matrix
@@ -81,8 +97,16 @@ class ModelConfig:
         if bad:
             raise ValueError(
                 f"model {self.name!r}: unknown block characters {bad} in pattern {self.pattern!r}; "
-                f"use M (Mamba-2), * (attention), - (MLP) or E (MoE)"
+                f"use M (Mamba-2), * (attention), - (MLP), E (MoE) or G (Gated DeltaNet)"
             )
+        if self.moe_kind not in ("nemotron", "qwen"):
+            raise ValueError(f"model {self.name!r}: moe_kind must be nemotron or qwen, got {self.moe_kind!r}")
+        if "G" in self.pattern and self.gdn_v_heads % self.gdn_k_heads:
+            raise ValueError(f"model {self.name!r}: gdn_v_heads={self.gdn_v_heads} must be a multiple of "
+                             f"gdn_k_heads={self.gdn_k_heads}")
+        if not 0.0 < self.rope_partial <= 1.0 or int(self.attn_head_dim * self.rope_partial) % 2:
+            raise ValueError(f"model {self.name!r}: rope_partial={self.rope_partial} must be in (0, 1] and rotate an "
+                             f"even number of the attn_head_dim={self.attn_head_dim} channels")
         if "M" in self.pattern and self.ssm_heads % self.n_groups:
             raise ValueError(f"model {self.name!r}: ssm_heads={self.ssm_heads} must be a multiple of n_groups={self.n_groups}")
         if "M" in self.pattern and self.d_xb:
@@ -123,6 +147,22 @@ class ModelConfig:
         return [i for i, c in enumerate(self.pattern) if c == "*"]
 
     @property
+    def gdn_layers(self) -> list[int]:
+        return [i for i, c in enumerate(self.pattern) if c == "G"]
+
+    @property
+    def gdn_conv_dim(self) -> int:  # channels of a GDN mixer's conv: q | k | v
+        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
+
+    @property
+    def gdn_value_dim(self) -> int:  # H * P: width of z and of the mixer output
+        return self.gdn_v_heads * self.gdn_v_dim
+
+    @property
+    def rope_dim(self) -> int:  # rotated channels of an attention head
+        return int(self.attn_head_dim * self.rope_partial)
+
+    @property
     def is_hybrid(self) -> bool:
         return "*" in self.pattern
 
@@ -155,7 +195,13 @@ class ModelConfig:
                 n += 3 * self.ssm_heads + self.d_inner + self.d_inner * d
             elif c == "*":
                 q, kv = self.n_heads * self.attn_head_dim, self.n_kv_heads * self.attn_head_dim
-                n += d * (q + 2 * kv) + q * d
+                n += d * (q * (2 if self.attn_output_gate else 1) + 2 * kv) + q * d
+                n += 2 * self.attn_head_dim if self.attn_qk_norm else 0
+            elif c == "G":
+                cd, vd, H = self.gdn_conv_dim, self.gdn_value_dim, self.gdn_v_heads
+                n += d * (cd + vd + 2 * H) + cd * self.conv_kernel + 2 * H + self.gdn_v_dim + vd * d
+            elif c == "E" and self.moe_kind == "qwen":
+                n += d * self.n_experts + self.n_experts * 3 * d * self.moe_d_ff + 3 * d * self.shared_d_ff + d
             elif c == "-":
                 n += (3 if self.mlp_kind == "swiglu" else 2) * d * self.d_ff
             elif c == "E":

@@ -133,29 +133,49 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 class Attention(nn.Module):
     """GQA self-attention over a ``KVCache`` (committed tokens) plus this call's tokens under a causal or
-    tree mask; optional RoPE."""
+    tree mask; optional RoPE (on the first ``cfg.rope_dim`` channels of a head), and Qwen3-Next / Qwen3.5's
+    gated attention: ``attn_qk_norm`` RMSNorms every q and k head, ``attn_output_gate`` makes q_proj emit
+    [query | gate] per head and scales the output by sigmoid(gate) before o_proj."""
 
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.cfg, self.index = cfg, index  # index among the model's attention layers
         d, hd = cfg.d_model, cfg.attn_head_dim
-        self.q_proj = nn.Linear(d, cfg.n_heads * hd, bias=cfg.attn_bias)
+        self.q_proj = nn.Linear(d, cfg.n_heads * hd * (2 if cfg.attn_output_gate else 1), bias=cfg.attn_bias)
         self.k_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attn_bias)
         self.v_proj = nn.Linear(d, cfg.n_kv_heads * hd, bias=cfg.attn_bias)
         self.o_proj = nn.Linear(cfg.n_heads * hd, d, bias=cfg.attn_bias)
+        if cfg.attn_qk_norm:  # Qwen's zero-centred (1 + w) norms, stored with the 1 added by the loader
+            self.q_norm = RMSNorm(hd, cfg.norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.norm_eps)
 
     def forward(self, h: Tensor, ctx) -> Tensor:
         c = self.cfg
         b, L, _ = h.shape
-        q = self.q_proj(h).view(b, L, c.n_heads, c.attn_head_dim)
+        gate = None
+        if c.attn_output_gate:  # per head [query | gate] (transformers' Qwen3NextAttention layout)
+            q, gate = self.q_proj(h).view(b, L, c.n_heads, 2 * c.attn_head_dim).chunk(2, dim=-1)
+            gate = gate.reshape(b, L, -1)
+        else:
+            q = self.q_proj(h).view(b, L, c.n_heads, c.attn_head_dim)
         k = self.k_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
         v = self.v_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
+        if c.attn_qk_norm:
+            q, k = self.q_norm(q).to(h.dtype), self.k_norm(k).to(h.dtype)
         if c.rope:
-            cos, sin = rope_cos_sin(ctx.step.positions, c.attn_head_dim, c.rope_theta, q.dtype, c)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            r = c.rope_dim
+            cos, sin = rope_cos_sin(ctx.step.positions, r, c.rope_theta, q.dtype, c)
+            if r == c.attn_head_dim:
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            else:  # partial rotary: the first r channels rotate, the rest pass
+                q = torch.cat([apply_rope(q[..., :r], cos, sin), q[..., r:]], dim=-1)
+                k = torch.cat([apply_rope(k[..., :r], cos, sin), k[..., r:]], dim=-1)
         kv: KVCache = ctx.kv[self.index]
-        out = kv.attend(q, k, v, ctx.step, scale=1.0 / math.sqrt(c.attn_head_dim))  # (B', L, heads, D)
-        return self.o_proj(out.reshape(b, L, -1))
+        out = kv.attend(q.contiguous(), k, v, ctx.step, scale=1.0 / math.sqrt(c.attn_head_dim))  # (B', L, heads, D)
+        out = out.reshape(b, L, -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
 
 
 def _act(kind: str):
@@ -235,3 +255,39 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y
+
+
+class QwenMoE(nn.Module):
+    """Qwen3-Next's sparse MoE block (transformers' ``Qwen3NextSparseMoeBlock``): softmax router over
+    ``gate.weight``, top-k (renormalised when ``norm_topk_prob``), SwiGLU experts stored as 3-D
+    ``experts.gate_up_proj`` (E, 2 I, d) and ``experts.down_proj`` (E, d, I), plus a SwiGLU shared expert
+    scaled by sigmoid(``shared_expert_gate``(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.d_model, cfg.n_experts, bias=False)
+        self.experts = nn.Module()
+        self.experts.gate_up_proj = nn.Parameter(torch.randn(cfg.n_experts, 2 * cfg.moe_d_ff, cfg.d_model) * 0.02)
+        self.experts.down_proj = nn.Parameter(torch.randn(cfg.n_experts, cfg.d_model, cfg.moe_d_ff) * 0.02)
+        self.shared_expert = MLP(cfg.replace(mlp_kind="swiglu"), cfg.shared_d_ff) if cfg.shared_d_ff else None
+        self.shared_expert_gate = nn.Linear(cfg.d_model, 1, bias=False) if cfg.shared_d_ff else None
+
+    def forward(self, x: Tensor, ctx=None) -> Tensor:
+        c = self.cfg
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (T, d)
+        probs = torch.softmax(self.gate(flat).float(), dim=-1)  # (T, E)
+        w, idx = probs.topk(c.top_k, dim=-1)
+        if c.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        w = w * c.routed_scaling
+        # every expert on every token, weighted 0 where not routed (fixed shapes, no host sync; see MoE)
+        gate = torch.zeros_like(probs).scatter(1, idx, w).to(x.dtype)
+        y = torch.zeros_like(flat)
+        for e in range(c.n_experts):
+            g, u = F.linear(flat, self.experts.gate_up_proj[e]).chunk(2, dim=-1)
+            y = y + F.linear(F.silu(g) * u, self.experts.down_proj[e]) * gate[:, e, None]
+        if self.shared_expert is not None:
+            y = y + torch.sigmoid(self.shared_expert_gate(flat)) * self.shared_expert(flat)
+        return y.view(shape)

@@ -12,7 +12,8 @@ import torch.nn as nn
 from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
-from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, RMSNorm
+from ssmspec.models.gdn import GDNMixer
+from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, QwenMoE, RMSNorm
 
 
 class Block(nn.Module):
@@ -28,8 +29,12 @@ class Block(nn.Module):
             self.mixer = Mamba2Mixer(cfg, index)
         elif kind == "*":
             self.mixer = Attention(cfg, index)
+        elif kind == "G":
+            self.mixer = GDNMixer(cfg, index)
         elif kind == "-":
             self.mixer = MLP(cfg)
+        elif cfg.moe_kind == "qwen":
+            self.mixer = QwenMoE(cfg)
         else:
             self.mixer = MoE(cfg)
 
@@ -46,7 +51,7 @@ class HybridLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        counters = {"M": 0, "*": 0}
+        counters = {"M": 0, "*": 0, "G": 0}
         blocks = []
         for kind in cfg.pattern:
             idx = counters.get(kind, 0)
@@ -124,7 +129,7 @@ def build_model(cfg: ModelConfig, *, seed: int = 0, device="cpu", dtype=torch.fl
         model = HybridLM(cfg)
     model = model.to_empty(device=device)
     for block in model.layers:  # buffers are not touched by init_random
-        if block.kind == "E":
+        if block.kind == "E" and cfg.moe_kind != "qwen":
             block.mixer.gate.e_score_correction_bias.zero_()
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embeddings.weight

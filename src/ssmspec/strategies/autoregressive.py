@@ -1,13 +1,16 @@
 """`autoregressive`: the baseline. One state per sequence and layer, updated in place token by token
-(seed 000, Alg. 1); no speculation."""
+(seed 000, Alg. 1); no speculation. Gated DeltaNet mixers: the recurrent update (``ops.gdn.gdn_multistep``, the
+delta-rule state in place) token after token."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update
+from ssmspec.ops.gdn import gdn_multistep
 from ssmspec.ops.selective_state_update import selective_state_update
-from ssmspec.strategies.base import MambaParams, MixerInputs, StepInputs, StrategyBase, register_strategy
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, StepInputs, StrategyBase,
+                                     register_strategy)
 
 
 @register_strategy("autoregressive")
@@ -24,3 +27,10 @@ class Autoregressive(StrategyBase):
               for t in range(x.shape[1])]
         y = ys[0].unsqueeze(1) if len(ys) == 1 else torch.stack(ys, dim=1)  # (B, L, H, P); L = 1: a view, no copy
         return y.reshape(*y.shape[:2], -1)
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """The call's L tokens through the conv (state in place) and the gated delta rule (state in place)."""
+        qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[p.index], p.conv_weight, None, activation=p.activation)
+        q, k, v = p.split(qkv)
+        g, beta = p.gates(inp.a, inp.b)
+        return gdn_multistep(self.gdn_state[p.index], q, k, v, g, beta)  # (B, L, H, P)

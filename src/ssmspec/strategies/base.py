@@ -1,5 +1,11 @@
 """The Strategy protocol: how the SSM state of every Mamba-2 mixer is kept during (speculative) decoding.
 
+Mixer kinds: Mamba-2 mixers hand ``MambaParams`` + ``MixerInputs`` to ``prefill`` / ``mix``; Gated DeltaNet
+mixers (Qwen3-Next / Qwen3.5, ``models/gdn.py``) hand ``GDNParams`` + ``GDNInputs`` to ``prefill_gdn`` /
+``mix_gdn``; ``run_mixer`` dispatches on the params' kind. Each kind has its own state tensors
+(``conv_state`` / ``ssm_state`` and ``gdn_conv_state`` / ``gdn_state``, allocated by ``allocate_gdn``);
+``commit`` moves both. A strategy that keeps no GDN state refuses a GDN model at ``allocate``.
+
 One decode step (DESIGN.md section 3): the drafter proposes a ``DraftTree`` hanging under the pending
 token; ``Strategy.layout`` turns it into ``StepInputs`` (model rows, positions, tree mask, where each
 tree node's logits come from); the model runs, and every Mamba-2 mixer hands its projected inputs to
@@ -82,6 +88,58 @@ class MambaParams:
 
 
 @dataclass
+class GDNParams:
+    """One Gated DeltaNet mixer's weights and sizes, as strategies need them (q, k, v as seed 000 writes them)."""
+
+    index: int  # position among the model's GDN mixers
+    conv_weight: Tensor  # (conv_dim, W) over q | k | v, no bias
+    dt_bias: Tensor  # (H,)
+    A: Tensor  # (H,) fp32, = -exp(A_log)
+    k_heads: int  # G
+    v_heads: int  # H
+    k_dim: int  # N
+    v_dim: int  # P
+    chunk_size: int = 64
+    conv_bias = None
+    activation = "silu"
+    kind = "gdn"
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Post-conv (B, L, conv_dim) -> q, k (B, L, G, N) l2-normalised, v (B, L, H, P)."""
+        from ssmspec.models.gdn import l2norm
+
+        b, L, _ = qkv.shape
+        kd = self.k_heads * self.k_dim
+        q, k, v = qkv.split([kd, kd, self.v_heads * self.v_dim], dim=-1)
+        return (l2norm(q.reshape(b, L, self.k_heads, self.k_dim)), l2norm(k.reshape(b, L, self.k_heads, self.k_dim)),
+                v.reshape(b, L, self.v_heads, self.v_dim))
+
+    def gates(self, a: Tensor, b: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """g = -exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b), (B, L, H) in at least fp32; both 0 on
+        invalid (pad / no-op) tokens, which leaves the state untouched (decay e^0 = 1, correction β·(...) = 0)."""
+        cd = torch.promote_types(a.dtype, torch.float32)
+        g = self.A.to(cd) * F.softplus(a.to(cd) + self.dt_bias.to(cd))
+        beta = torch.sigmoid(b.to(cd))
+        if valid is not None:
+            ok = valid[..., None].to(cd)
+            g, beta = g * ok, beta * ok
+        return g, beta
+
+
+@dataclass
+class GDNInputs:
+    """What a GDN mixer hands to the strategy: its projections before the conv."""
+
+    qkv: Tensor  # (B', L, conv_dim) pre-conv q | k | v
+    b: Tensor  # (B', L, H) pre-sigmoid beta
+    a: Tensor  # (B', L, H) pre-softplus gate
+
+
+@dataclass
 class MixerInputs:
     """What a Mamba-2 mixer hands to the strategy: its projections before the conv."""
 
@@ -147,6 +205,8 @@ class StrategyBase:
         self.batch = 0
         self.conv_state: Tensor | None = None  # (n_mamba, B, conv_dim, W-1)
         self.ssm_state: Tensor | None = None  # (n_mamba, B, H, P, N) fp32
+        self.gdn_conv_state: Tensor | None = None  # (n_gdn, B, gdn_conv_dim, W-1)
+        self.gdn_state: Tensor | None = None  # (n_gdn, rows, H, N, P) fp32 (k-major, as ops/gdn)
 
     # allocation ------------------------------------------------------------------------
     def check_spec(self, spec: SpecConfig) -> None:
@@ -164,6 +224,24 @@ class StrategyBase:
         self.conv_state = torch.zeros(n, batch, cfg.conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype)
         self.ssm_state = torch.zeros(n, batch, cfg.ssm_heads, cfg.head_dim, cfg.state_size, device=device,
                                      dtype=torch.float32)
+        self.allocate_gdn(cfg, batch, device, dtype)
+
+    keeps_gdn: ClassVar[bool] = True  # has a GDN form (False: a GDN model is refused at allocate)
+
+    def allocate_gdn(self, cfg: ModelConfig, batch: int, device, dtype, *, state_rows: int | None = None) -> None:
+        """The GDN mixers' committed conv state (n_gdn, B, conv_dim, W-1) and delta-rule state (n_gdn, rows, H,
+        N, P) fp32 (``state_rows`` default B); nothing when the model has no G blocks."""
+        n = len(cfg.gdn_layers)
+        if not n:
+            self.gdn_conv_state = self.gdn_state = None
+            return
+        if not self.keeps_gdn:
+            raise ValueError(f"strategy {self.name!r} keeps no Gated DeltaNet state (model {cfg.name!r} has G "
+                             f"blocks); use autoregressive, snapshot, activation_replay, joint_attainment, replay "
+                             f"or stree")
+        self.gdn_conv_state = torch.zeros(n, batch, cfg.gdn_conv_dim, cfg.conv_kernel - 1, device=device, dtype=dtype)
+        self.gdn_state = torch.zeros(n, state_rows or batch, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim,
+                                     device=device, dtype=torch.float32)
 
     def max_rows(self, batch: int, spec: SpecConfig) -> int:
         """Most model rows one call of this strategy uses (KV scratch is sized by it)."""
@@ -187,6 +265,25 @@ class StrategyBase:
         self.conv_state[p.index].copy_(conv_state)
         self.ssm_state[p.index].copy_(ssm_state)
         return y
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """Prompt pass of a GDN mixer: conv and the chunked WY scan from zero state; keeps the final states in
+        ``gdn_conv_state`` / ``gdn_state`` row b. Returns y (B, L, H, P)."""
+        y, conv, st = run_prefill_gdn(p, inp, step)
+        self.gdn_conv_state[p.index].copy_(conv)
+        self.gdn_state[p.index, :st.shape[0]].copy_(st)
+        return y
+
+    def run_mixer(self, p, inp, step: StepInputs) -> Tensor:
+        """Dispatch a mixer's call on its kind: Mamba-2 -> ``prefill`` / ``mix``, GDN -> ``prefill_gdn`` /
+        ``mix_gdn``."""
+        if getattr(p, "kind", "mamba") == "gdn":
+            return self.prefill_gdn(p, inp, step) if step.prefill else self.mix_gdn(p, inp, step)
+        return self.prefill(p, inp, step) if step.prefill else self.mix(p, inp, step)
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        raise ValueError(f"strategy {self.name!r} keeps no Gated DeltaNet state; use autoregressive, snapshot, "
+                         f"activation_replay, joint_attainment, replay or stree")
 
     # one decode step ----------------------------------------------------------------------
     def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
@@ -222,6 +319,22 @@ def run_prefill(p: MambaParams, inp: MixerInputs, step: StepInputs, *, chunk_siz
     dt = p.discretize(inp.dt, step.valid)
     y, new_ssm = ssd_chunk_scan(x, dt, p.A, B, C, p.D, chunk_size=chunk_size, initial_state=ssm_state)
     return y.reshape(*y.shape[:2], -1).to(inp.xbc.dtype), new_conv, new_ssm
+
+
+def run_prefill_gdn(p: GDNParams, inp: GDNInputs, step: StepInputs, *, conv_state: Tensor | None = None,
+                    state: Tensor | None = None):
+    """Conv + chunked WY scan of a whole prompt through a GDN mixer (left padding: zeros into the conv, g = beta
+    = 0 in the scan). Returns y (B, L, H, P), the conv state (B, conv_dim, W-1) and the state (B, H, N, P) fp32."""
+    from ssmspec.models.gdn import gdn_chunk_scan
+
+    qkv = inp.qkv
+    if step.valid is not None:
+        qkv = qkv * step.valid[..., None].to(qkv.dtype)
+    post, new_conv = causal_conv1d(qkv, p.conv_weight, None, state=conv_state, activation=p.activation)
+    q, k, v = p.split(post)
+    g, beta = p.gates(inp.a, inp.b, step.valid)
+    y, st = gdn_chunk_scan(q, k, v, g, beta, chunk_size=p.chunk_size, initial_state=state)
+    return y, new_conv, st
 
 
 _REGISTRY: dict[str, type[StrategyBase]] = {}
