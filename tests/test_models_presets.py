@@ -53,9 +53,40 @@ def test_every_preset_builds_with_the_parameters_it_declares(name):
     with torch.device("meta"):
         model = HybridLM(cfg)
     assert sum(p.numel() for p in model.parameters()) == cfg.num_parameters()  # tied weights counted once
-    mixer = model.layers[cfg.mamba_layers[0]].mixer
-    assert mixer.in_proj.weight.shape == (cfg.in_proj_dim, cfg.d_model)
-    assert mixer.conv1d.weight.shape == (cfg.conv_dim, 1, cfg.conv_kernel)
+    if cfg.mamba_layers:
+        mixer = model.layers[cfg.mamba_layers[0]].mixer
+        assert mixer.in_proj.weight.shape == (cfg.in_proj_dim, cfg.d_model)
+        assert mixer.conv1d.weight.shape == (cfg.conv_dim, 1, cfg.conv_kernel)
+    if cfg.gdn_layers:
+        mixer = model.layers[cfg.gdn_layers[0]].mixer
+        assert mixer.in_proj_qkv.weight.shape == (cfg.gdn_conv_dim, cfg.d_model)
+        assert mixer.conv1d.weight.shape == (cfg.gdn_conv_dim, 1, cfg.conv_kernel)
     if cfg.is_hybrid:  # a KV cache of max_seq_len slots per sequence stays affordable (< 1 GiB in bf16)
         kv = 2 * len(cfg.attention_layers) * cfg.n_kv_heads * cfg.attn_head_dim * cfg.max_seq_len * 2
         assert kv < 2**30
+
+
+# shared/MODELS.md 3c / 3d: (layers, GDN layers, attention layers, GDN conv_dim, state per layer (H, N, P))
+QWEN = {"qwen3-next-80b-a3b": (48, 36, 12, 8192, (32, 128, 128)), "qwen3.5-4b": (32, 24, 8, 8192, (32, 128, 128)),
+        "qwen3.5-9b": (32, 24, 8, 8192, (32, 128, 128)), "qwen3.5-0.8b": (24, 18, 6, 8192, (32, 128, 128))}
+QWEN_PARAMS = {"qwen3-next-80b-a3b": 80e9, "qwen3.5-4b": 4e9, "qwen3.5-9b": 9e9}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN))
+def test_qwen_layouts(name):
+    """Decoder layer i is full attention iff (i + 1) % 4 == 0 (full_attention_interval 4); every layer is a
+    token mixer block then an MLP / MoE block."""
+    cfg = load_preset(name)
+    layers, n_gdn, n_attn, conv_dim, state = QWEN[name]
+    mixers = cfg.pattern[0::2]
+    assert len(mixers) == layers and mixers.count("G") == n_gdn and mixers.count("*") == n_attn
+    assert [i for i, c in enumerate(mixers) if c == "*"] == [i for i in range(layers) if (i + 1) % 4 == 0]
+    assert set(cfg.pattern[1::2]) == ({"E"} if cfg.family == "qwen3_next" else {"-"})
+    assert cfg.gdn_conv_dim == conv_dim and (cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim) == state
+    assert cfg.attn_output_gate and cfg.attn_qk_norm and cfg.rope_dim == cfg.attn_head_dim // 4
+
+
+@pytest.mark.parametrize("name", sorted(QWEN_PARAMS))
+def test_qwen_parameter_counts(name):
+    """Within 10 % of the size in the name (the names round: the 4B text model counts 4.2e9 here)."""
+    assert load_preset(name).num_parameters() == pytest.approx(QWEN_PARAMS[name], rel=0.10)
