@@ -1,5 +1,6 @@
 """Checkpoint loading: Hugging Face ``Mamba2ForCausalLM`` / ``NemotronHForCausalLM`` and mamba_ssm
-``MambaLMHeadModel`` directories (or hub ids) -> ``HybridLM``.
+``MambaLMHeadModel`` directories (or hub ids) -> ``HybridLM``. Qwen3.5 / Qwen3-Next (Gated DeltaNet hybrids)
+are read by ``loading_qwen.py`` and MambaInLlama by ``loading_mil.py``; ``load_model`` picks the family.
 
 Formats (numbers and field names in shared/MODELS.md, sections 1, 3 and 4):
 
@@ -146,8 +147,12 @@ def config_from_hf(hf: dict, *, name: str = "checkpoint", max_seq_len: int | Non
                            max_seq_len=max_seq_len or 4096)
     if mt == "nemotron_h":
         return _nemotron_h_config(hf, common, name=name, max_seq_len=max_seq_len)
+    from ssmspec.models.loading_qwen import config_from_qwen, is_qwen
+    if is_qwen(hf):
+        return config_from_qwen(hf, name=name, max_seq_len=max_seq_len)
     raise ValueError(f"{name}: model_type {mt!r} is not supported; load_model reads mamba2 "
-                     f"(Mamba2ForCausalLM), nemotron_h (NemotronHForCausalLM) and mamba_ssm checkpoints")
+                     f"(Mamba2ForCausalLM), nemotron_h (NemotronHForCausalLM), qwen3_5 / qwen3_5_text "
+                     f"(Qwen3_5ForCausalLM), qwen3_next (Qwen3NextForCausalLM) and mamba_ssm checkpoints")
 
 
 def _nemotron_h_pattern(hf: dict, name: str) -> str:
@@ -403,7 +408,7 @@ def resolve_checkpoint(path_or_hub_id: str | os.PathLike) -> Path:
 
 def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.dtype = torch.float32,
                max_seq_len: int | None = None) -> HybridLM:
-    """A ``HybridLM`` with the weights of a Mamba2 / NemotronH (HF) or mamba_ssm checkpoint.
+    """A ``HybridLM`` with the weights of a Mamba2 / NemotronH / Qwen3.5 / Qwen3-Next (HF) or mamba_ssm checkpoint.
 
     ``path_or_hub_id``: a directory with config.json + weights, or a hub id (needs network or the local
     hub cache). ``dtype``: parameter dtype (the router's correction bias stays fp32, as in
@@ -415,6 +420,11 @@ def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.
     if (path / "mamba_config.json").is_file():  # MambaInLlama: Llama config.json + mamba_config.json
         from ssmspec.models.loading_mil import load_mil
         return load_mil(path, device=device, dtype=dtype, max_seq_len=max_seq_len)
+    from ssmspec.models.loading_qwen import is_qwen, load_qwen
+    raw = read_config_json(path)
+    if is_qwen(raw):  # Qwen3.5 / Qwen3-Next: Gated DeltaNet hybrids
+        _check_sizes(raw, path / "config.json")
+        return load_qwen(path, raw, device=device, dtype=dtype, max_seq_len=max_seq_len)
     cfg = config_from_checkpoint(path, max_seq_len=max_seq_len)
     sd = convert_state_dict(read_state_dict(path), cfg)
     check_state_dict(sd, cfg, where=f"checkpoint {path}")
