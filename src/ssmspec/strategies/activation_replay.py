@@ -17,6 +17,10 @@ row ([pending, chain d], seed 001 Sec. 5.3 verifies D drafts as D rows):
 ``commit`` only records which row and how many tokens to replay (device tensors): the replay runs at the
 start of the next call, sequentially before its verify, as in the paper (the price ARP pays against
 joint_attainment, which re-runs the accepted tokens in parallel with the verify).
+
+Gated DeltaNet mixers (``mix_gdn``) cache the call's pre-conv and post-conv q | k | v and the gates (g, beta);
+the replay runs ``ops.gdn.gdn_multistep`` with ``update_count`` = c and no output, the verify the same op
+from the committed state with no store.
 """
 from __future__ import annotations
 
@@ -24,9 +28,11 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.gdn import gdn_multistep
 from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.strategies._chain_rows import accepted_chain, layout_chain_rows
-from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
+                                     StrategyBase, register_strategy)
 
 
 @register_strategy("activation_replay")
@@ -44,6 +50,13 @@ class ActivationReplay(StrategyBase):
         self.dt_in = torch.zeros(n, rows, L, H, device=device, dtype=dtype)  # raw dt
         self.replay_row = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) cache row to replay
         self.replay_count = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) c: tokens to replay
+        self.gdn_conv_in = self.gdn_post = self.gdn_g = self.gdn_beta = None
+        if self.gdn_state is not None:  # the same cache for GDN mixers: q | k | v before and after the conv, gates
+            ng, cd, Hg = len(cfg.gdn_layers), cfg.gdn_conv_dim, cfg.gdn_v_heads
+            self.gdn_conv_in = torch.zeros(ng, rows, L, cd, device=device, dtype=dtype)
+            self.gdn_post = torch.zeros(ng, rows, L, cd, device=device, dtype=dtype)
+            self.gdn_g = torch.zeros(ng, rows, L, Hg, device=device, dtype=torch.float32)
+            self.gdn_beta = torch.zeros(ng, rows, L, Hg, device=device, dtype=torch.float32)
 
     def max_rows(self, batch: int, spec: SpecConfig) -> int:
         return batch * spec.num_drafts
@@ -58,6 +71,34 @@ class ActivationReplay(StrategyBase):
         """Prompt pass: the chunk scan's final state is committed; nothing to replay yet."""
         y = super().prefill(p, inp, step)
         self.replay_count.zero_()
+        return y
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        y = super().prefill_gdn(p, inp, step)
+        self.replay_count.zero_()
+        return y
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """GDN form of ``mix``: replay the accepted cached tokens into the state, verify from it, cache."""
+        i, rows, L = p.index, step.rows, step.length
+        if step.valid is not None or rows > self.gdn_conv_in.shape[1] or L > self.gdn_conv_in.shape[2]:
+            raise ValueError(f"activation_replay takes no pad tokens and at most {self.gdn_conv_in.shape[1]} rows x "
+                             f"{self.gdn_conv_in.shape[2]} tokens a call; got {rows} x {L}")
+        sel, c = self.replay_row, self.replay_count
+        conv_state_advance(self.gdn_conv_state[i], self.gdn_conv_in[i, sel], c)
+        qr, kr, vr = p.split(self.gdn_post[i, sel])
+        gdn_multistep(self.gdn_state[i], qr, kr, vr, self.gdn_g[i, sel], self.gdn_beta[i, sel], update_count=c,
+                      store_state=True, output=False)
+        seq = torch.arange(rows, device=inp.qkv.device) // (rows // self.batch)  # (B',)
+        post = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i][seq], p.conv_weight, None, activation=p.activation,
+                                    update_state=False)  # (B', L, conv_dim)
+        q, k, v = p.split(post)
+        g, beta = p.gates(inp.a, inp.b)
+        y = gdn_multistep(self.gdn_state[i], q, k, v, g, beta, state_batch_indices=seq, store_state=False)
+        self.gdn_conv_in[i, :rows, :L] = inp.qkv
+        self.gdn_post[i, :rows, :L] = post
+        self.gdn_g[i, :rows, :L] = g
+        self.gdn_beta[i, :rows, :L] = beta
         return y
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:

@@ -34,6 +34,10 @@ Ablation options (seed 001 Table 2; ``make_strategy("joint_attainment", scan=...
   the copy layer by layer outside the captured graph (``after_step``, which the engine calls after every
   step), paying a launch per layer (Sec. 3.3: "captured within the kernel execution graph and therefore
   has a reduced CPU launch overhead").
+
+Gated DeltaNet mixers (``mix_gdn``) follow the same rows and slots with (H, N, P) states: no-op tokens carry
+g = beta = 0 (the state passes through), ``scan`` picks ``ops.gdn.gdn_multistep`` (fused), the chunked WY
+scan (``models.gdn.gdn_chunk_scan``, chunk) or one ``gdn_multistep`` launch per column (loop).
 """
 from __future__ import annotations
 
@@ -41,12 +45,13 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.gdn import gdn_multistep
 from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.ops.selective_state_update import selective_state_update
 from ssmspec.ops.ssd import ssd_chunk_scan
 from ssmspec.strategies._chain_rows import chain_node_places, chain_rows, check_chain_drafts
-from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
-                                     register_strategy, run_prefill)
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
+                                     StrategyBase, register_strategy, run_prefill, run_prefill_gdn)
 
 
 def _roll_rows(x: Tensor, shift: Tensor) -> Tensor:
@@ -89,6 +94,7 @@ class JointAttainment(StrategyBase):
                                      dtype=torch.float32)
         self.prefix = torch.zeros(batch, K, device=device, dtype=torch.long)  # (B, K) previous accepted tokens
         self.prefix_len = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) c + 1 (0 after the prompt)
+        self.allocate_gdn(cfg, batch, device, dtype, state_rows=batch * R)  # one GDN state per row too
 
     def max_rows(self, batch: int, spec: SpecConfig) -> int:
         return batch * (1 + spec.num_drafts)
@@ -104,6 +110,44 @@ class JointAttainment(StrategyBase):
         # every slot of a sequence starts from its committed state (an eager copy runs only after steps)
         self.ssm_state[p.index].copy_(ssm.repeat_interleave(R, 0))
         self.prefix_len.zero_()
+        return y
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        y, conv, st = run_prefill_gdn(p, inp, step)
+        self.gdn_conv_state[p.index].copy_(conv)
+        self.gdn_state[p.index].copy_(st.repeat_interleave(1 + self.spec.num_drafts, 0))
+        self.prefix_len.zero_()
+        return y
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """GDN form of ``mix``: the same rows, conv rotation and slots; the extra row's state is committed."""
+        i, rows, L = p.index, step.rows, step.length
+        R = 1 + self.spec.num_drafts
+        if step.valid is None or rows != self.batch * R or L != 2 * (1 + self.spec.draft_len):
+            raise ValueError(f"joint_attainment needs its own layout ({self.batch * R} rows x "
+                             f"{2 * (1 + self.spec.draft_len)} tokens with no-op flags); got {rows} x {L}")
+        seq = step.seq_index
+        lead = L - step.valid.sum(1)
+        xr = _roll_rows(inp.qkv, lead)
+        yr = causal_conv1d_update(xr, self.gdn_conv_state[i][seq], p.conv_weight, None, activation=p.activation,
+                                  update_state=False)
+        q, k, v = p.split(_roll_rows(yr, L - lead))
+        g, beta = p.gates(inp.a, inp.b, step.valid)  # 0 on no-ops: the state passes through them
+        st = self.gdn_state[i]
+        extra, drafts = self._slots(inp.qkv.device)
+        if self.jit_copy:
+            st.index_copy_(0, drafts, st[extra.repeat_interleave(R - 1)])
+        if self.scan == "fused":
+            uc = torch.where(torch.arange(rows, device=q.device) % R == 0, L, 0)
+            y = gdn_multistep(st, q, k, v, g, beta, update_count=uc, store_state=True)
+        elif self.scan == "chunk":
+            from ssmspec.models.gdn import gdn_chunk_scan
+            y, final = gdn_chunk_scan(q, k, v, g, beta, chunk_size=p.chunk_size, initial_state=st)
+            st.index_copy_(0, extra, final[extra])
+        else:
+            y = torch.cat([gdn_multistep(st, q[:, t:t + 1], k[:, t:t + 1], v[:, t:t + 1], g[:, t:t + 1],
+                                         beta[:, t:t + 1]) for t in range(L)], dim=1)
+        conv_state_advance(self.gdn_conv_state[i], xr[extra], step.valid[extra].sum(1))
         return y
 
     def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
@@ -192,6 +236,8 @@ class JointAttainment(StrategyBase):
         src = extra.repeat_interleave(self.spec.num_drafts)  # (B*D,)
         for i in range(self.ssm_state.shape[0]):  # per layer (B', H, P, N): one gather + one scatter launch
             self.ssm_state[i].index_copy_(0, drafts, self.ssm_state[i][src])
+        for i in range(0 if self.gdn_state is None else self.gdn_state.shape[0]):  # GDN layers alike
+            self.gdn_state[i].index_copy_(0, drafts, self.gdn_state[i][src])
 
     def commit(self, verdict, step: StepInputs) -> None:
         """The accepted path's tokens (pending + accepted drafts) become the next call's prefix."""

@@ -23,6 +23,13 @@ under the pending token). All 1 + T nodes are appended to the ring; each node's 
 entries plus its ancestors (``tree_mask`` instead of the causal mask, accumulated decay along ancestors as
 in STree), the conv runs over ancestors (``tree_conv1d``), and commit first gathers the accepted path into
 consecutive ring slots (``replay_commit_path``) and the conv state advances over the path's inputs.
+
+Gated DeltaNet mixers (seed 000's GDN variant, ``mix_gdn``): the checkpoint is the (H, N, P) delta-rule state,
+the ring caches each token's key, gate and correction u = β(v − e^g Sᵀk) (not v: with u the state unrolls like
+Mamba-2's), and a call is ``ops.gdn.gdn_replay_verify`` -- the device-side flush, the output-only readout of
+every token through the triangular solve of the WY form, the append -- then ``gdn_replay_commit``. GDN layers
+verify chains only: that op takes a causal window, and a tree would need its tree-masked solve inside the
+kernel (the maths is ``models.gdn.gdn_tree_scan``); token trees on a GDN model go to ``stree``.
 """
 from __future__ import annotations
 
@@ -30,9 +37,11 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.gdn import gdn_replay_commit, gdn_replay_verify
 from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_verify
 from ssmspec.ops.tree_scan import tree_conv1d
-from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
+                                     StrategyBase, register_strategy)
 
 
 @register_strategy("replay")
@@ -61,6 +70,20 @@ class Replay(StrategyBase):
         self.head = torch.zeros(n, batch, device=device, dtype=torch.long)  # slot of the oldest entry
         self.count = torch.zeros(n, batch, device=device, dtype=torch.long)  # committed entries h
         self.conv_in = torch.zeros(n, batch, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
+        self.gdn_ring_k = self.gdn_ring_u = self.gdn_ring_g = self.gdn_head = self.gdn_count = None
+        self.gdn_conv_in = None
+        if self.gdn_state is not None:  # gdn_state is the GDN checkpoint S0
+            if spec.tree_size or spec.num_drafts > 1:
+                raise ValueError(f"replay verifies GDN layers ({cfg.name!r}) on one chain only (the GDN replay kernel "
+                                 f"takes a causal window); use num_drafts 1 and no tree, or the stree strategy for trees")
+            ng = len(cfg.gdn_layers)
+            Gk, Hv, Nk, Pv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
+            self.gdn_ring_k = torch.zeros(ng, batch, R, Gk, Nk, device=device, dtype=dtype)  # cached keys
+            self.gdn_ring_u = torch.zeros(ng, batch, R, Hv, Pv, device=device, dtype=dtype)  # cached corrections u
+            self.gdn_ring_g = torch.zeros(ng, batch, R, Hv, device=device, dtype=torch.float32)  # cached log-decays
+            self.gdn_head = torch.zeros(ng, batch, device=device, dtype=torch.long)
+            self.gdn_count = torch.zeros(ng, batch, device=device, dtype=torch.long)
+            self.gdn_conv_in = torch.zeros(ng, batch, L, cfg.gdn_conv_dim, device=device, dtype=dtype)
 
     def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
         if drafts is not None and 1 + drafts.size > self.conv_in.shape[2]:
@@ -74,6 +97,27 @@ class Replay(StrategyBase):
         self.head[p.index].zero_()
         self.count[p.index].zero_()
         return y
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """Prompt pass: the final delta-rule state is the checkpoint S0, the ring starts empty."""
+        y = super().prefill_gdn(p, inp, step)
+        self.gdn_head[p.index].zero_()
+        self.gdn_count[p.index].zero_()
+        return y
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """Output-only GDN verify of the call's chain against S0 + the ring (flushing first where due)."""
+        i = p.index
+        if step.rows != self.batch or step.valid is not None or step.tree_mask is not None:
+            raise ValueError(f"replay verifies GDN layers on one chain per sequence ({self.batch} rows, no pads, no "
+                             f"tree); got {step.rows} rows{' and a tree' if step.tree_mask is not None else ''}")
+        qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, activation=p.activation,
+                                   update_state=False)
+        self.gdn_conv_in[i, :, :step.length] = inp.qkv
+        q, k, v = p.split(qkv)
+        g, beta = p.gates(inp.a, inp.b)
+        return gdn_replay_verify(self.gdn_state[i], self.gdn_ring_k[i], self.gdn_ring_u[i], self.gdn_ring_g[i],
+                                 self.gdn_head[i], self.gdn_count[i], q, k, v, g, beta, flush=None)
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Output-only verify of the call's L tokens against S0 + the ring (flushing first where due)."""
@@ -99,7 +143,14 @@ class Replay(StrategyBase):
 
     def commit(self, verdict, step: StepInputs) -> None:
         """Keep pending + accepted entries: move the pointers, advance the conv state (device-side)."""
+        if self.gdn_count is not None:  # GDN layers: chains only (allocate), count += accepted + 1, conv forward
+            gdn_replay_commit(self.gdn_count, verdict.accepted)
+            ng, bsz, Lg, cg = self.gdn_conv_in.shape
+            conv_state_advance(self.gdn_conv_state.view(ng * bsz, cg, -1), self.gdn_conv_in.view(ng * bsz, Lg, cg),
+                               (verdict.accepted + 1).repeat(ng))
         n, bsz, Lc, cdim = self.conv_in.shape
+        if not n:
+            return
         R = self.ring_x.shape[2]
         conv_in = self.conv_in.view(n * bsz, Lc, cdim)
         if step.tree_mask is not None:  # a host-side fact of the layout, not data: the path goes first

@@ -14,6 +14,9 @@ overwrites the state another row is still reading, in any kernel schedule.
 
 The conv state is rolled back at commit over the accepted row's cached pre-conv inputs
 (``conv_state_advance``); the conv itself runs over [conv state, call tokens] without updating the state.
+
+Gated DeltaNet mixers keep the same pool layout and pointers with (H, N, P) delta-rule states
+(``ops.gdn.gdn_multistep_snapshot``, seed 000 Alg. 7); one ``src`` serves both kinds.
 """
 from __future__ import annotations
 
@@ -21,10 +24,11 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.gdn import gdn_multistep_snapshot
 from ssmspec.ops.multistep import ssm_multistep_snapshot
 from ssmspec.strategies._chain_rows import accepted_chain, layout_chain_rows
-from ssmspec.strategies.base import (MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase,
-                                     register_strategy, run_prefill)
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
+                                     StrategyBase, register_strategy, run_prefill, run_prefill_gdn)
 
 
 @register_strategy("snapshot")
@@ -48,6 +52,13 @@ class Snapshot(StrategyBase):
         self.src = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) slot of each start state
         self.src_region = torch.zeros(batch, device=device, dtype=torch.long)  # (B,) region holding it
         self.conv_in = torch.zeros(n, batch * D, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
+        self.allocate_gdn(cfg, batch, device, dtype)
+        self.gdn_snapshots = self.gdn_conv_in = None
+        if self.gdn_state is not None:  # GDN mixers: the same slots, (H, N, P) states
+            ng, self.gdn_state = self.gdn_state.shape[0], None
+            self.gdn_snapshots = torch.zeros(ng, batch * Rg * L, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim,
+                                             device=device, dtype=torch.float32)
+            self.gdn_conv_in = torch.zeros(ng, batch * D, L, cfg.gdn_conv_dim, device=device, dtype=dtype)
 
     def max_rows(self, batch: int, spec: SpecConfig) -> int:
         return batch * spec.num_drafts
@@ -70,6 +81,36 @@ class Snapshot(StrategyBase):
         self.src_region.zero_()
         self.snapshots[p.index].index_copy_(0, self.src, ssm)
         return y
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        y, conv, st = run_prefill_gdn(p, inp, step)
+        self.gdn_conv_state[p.index].copy_(conv)
+        self.src.copy_(self._home())
+        self.src_region.zero_()
+        self.gdn_snapshots[p.index].index_copy_(0, self.src, st)
+        return y
+
+    def _dst(self, rows: int, L: int, dev) -> tuple[Tensor, Tensor]:
+        """(B',) sequence of each row and (B', L) the slots its snapshots go to."""
+        Rg, Lmax = self.regions(self.spec), 1 + self.spec.draft_len
+        seq = torch.arange(rows, device=dev) // (rows // self.batch)  # (B',) sequence of each row
+        d = torch.arange(rows, device=dev) % (rows // self.batch)  # (B',) chain of each row
+        region = (self.src_region[seq] + 1 + d) % Rg if Rg > 1 else torch.zeros_like(d)
+        return seq, (seq * Rg + region)[:, None] * Lmax + torch.arange(L, device=dev)[None]
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """GDN form of ``mix``: every row from its start snapshot, one (H, N, P) store per token."""
+        i, rows, L = p.index, step.rows, step.length
+        if step.valid is not None or rows > self.gdn_conv_in.shape[1] or L > self.gdn_conv_in.shape[2]:
+            raise ValueError(f"snapshot takes no pad tokens and at most {self.gdn_conv_in.shape[1]} rows x "
+                             f"{self.gdn_conv_in.shape[2]} tokens a call; got {rows} x {L}")
+        seq, dst = self._dst(rows, L, inp.qkv.device)
+        qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i][seq], p.conv_weight, None, activation=p.activation,
+                                   update_state=False)
+        self.gdn_conv_in[i, :rows, :L] = inp.qkv
+        q, k, v = p.split(qkv)
+        g, beta = p.gates(inp.a, inp.b)
+        return gdn_multistep_snapshot(self.gdn_snapshots[i], q, k, v, g, beta, src_slot=self.src[seq], dst_slots=dst)
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Serial scan of every row from its sequence's start snapshot, one store per token (Alg. 3)."""
@@ -104,7 +145,10 @@ class Snapshot(StrategyBase):
         b = torch.arange(bsz, device=d.device)
         self.src.copy_((b * Rg + region) * Lmax + verdict.accepted)
         self.src_region.copy_(region)
-        n, _, _, cdim = self.conv_in.shape
         row = b * rows_per_seq + d  # (B,) row that verified the accepted chain
-        conv_in = self.conv_in[:, row].reshape(n * bsz, Lmax, cdim)
-        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), conv_in, (verdict.accepted + 1).repeat(n))
+        for conv_state, conv_in in ((self.conv_state, self.conv_in), (self.gdn_conv_state, self.gdn_conv_in)):
+            if conv_state is None or not conv_state.shape[0]:
+                continue
+            n, _, _, cdim = conv_in.shape
+            rows_in = conv_in[:, row].reshape(n * bsz, Lmax, cdim)
+            conv_state_advance(conv_state.view(n * bsz, cdim, -1), rows_in, (verdict.accepted + 1).repeat(n))

@@ -17,6 +17,14 @@ last call (no per-node states). One decode call:
 every shape is fixed at ``allocate`` so a step can be captured in a CUDA graph. Chains (one or several)
 are trees too, so every drafter works. Attention layers follow the same layout: the KV cache attends
 under ``step.tree_mask`` and ``generate`` commits the accepted path's keys and values.
+
+Gated DeltaNet mixers (``mix_gdn``): the same replay / verify / cache cycle with the delta rule. The tree scan
+above is the diagonal-decay SSD form (a node's output is a decayed sum over its ancestors' inputs), which the
+delta rule is not: each node's correction u depends on its ancestors' corrections. The GDN tree verify is
+``models.gdn.gdn_tree_scan``: the WY form with the triangular system restricted to ancestors (every node's
+correction is its own path's), one solve for the whole tree, output only. It is a PyTorch op on every device
+(no Triton kernel yet: a delta-rule tree kernel would be its own kernel); the replay of the accepted path
+is ``ops.gdn.gdn_multistep`` with ``update_count``.
 """
 from __future__ import annotations
 
@@ -24,9 +32,11 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import conv_state_advance
+from ssmspec.ops.gdn import gdn_multistep
 from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.ops.tree_scan import tree_conv1d, tree_scan
-from ssmspec.strategies.base import MambaParams, MixerInputs, SpecConfig, StepInputs, StrategyBase, register_strategy
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
+                                     StrategyBase, register_strategy)
 
 
 @register_strategy("stree")
@@ -43,6 +53,13 @@ class STree(StrategyBase):
         # accepted path of the last call: its columns root first, and its length (0 = nothing to replay)
         self.replay_cols = torch.zeros(batch, Lc, device=device, dtype=torch.long)
         self.replay_count = torch.zeros(batch, device=device, dtype=torch.long)
+        self.gdn_pre = self.gdn_post = self.gdn_g = self.gdn_beta = None
+        if self.gdn_state is not None:  # the last call's GDN inputs per node column
+            ng, cd, Hg = len(cfg.gdn_layers), cfg.gdn_conv_dim, cfg.gdn_v_heads
+            self.gdn_pre = torch.zeros(ng, batch, Lc, cd, device=device, dtype=dtype)
+            self.gdn_post = torch.zeros(ng, batch, Lc, cd, device=device, dtype=dtype)
+            self.gdn_g = torch.zeros(ng, batch, Lc, Hg, device=device, dtype=torch.float32)
+            self.gdn_beta = torch.zeros(ng, batch, Lc, Hg, device=device, dtype=torch.float32)
 
     def layout(self, pending: Tensor, drafts, seq_len: Tensor) -> StepInputs:
         step = super().layout(pending, drafts, seq_len)
@@ -63,6 +80,32 @@ class STree(StrategyBase):
         x, B, C = p.split_xbc(post)
         ssm_multistep(self.ssm_state[i], x, dt, p.A, B, C, None, dt_bias=None, dt_softplus=False,
                       update_count=self.replay_count, store_state=True, output=False)
+
+    def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        """GDN form of ``mix``: fold the accepted path into the delta-rule state, verify the tree (module doc)."""
+        from ssmspec.models.gdn import gdn_tree_scan
+
+        i, L = p.index, step.length
+        if step.rows != self.batch:
+            raise ValueError(f"stree lays out one row per sequence ({self.batch}), got a call of {step.rows} rows")
+        cols = self.replay_cols[:, :, None]  # (B, Lc, 1) path columns, root first
+        cd, Hg = self.gdn_pre.shape[3], self.gdn_g.shape[3]
+        conv_state_advance(self.gdn_conv_state[i], self.gdn_pre[i].gather(1, cols.expand(-1, -1, cd)), self.replay_count)
+        qr, kr, vr = p.split(self.gdn_post[i].gather(1, cols.expand(-1, -1, cd)))
+        gdn_multistep(self.gdn_state[i], qr, kr, vr, self.gdn_g[i].gather(1, cols.expand(-1, -1, Hg)),
+                      self.gdn_beta[i].gather(1, cols.expand(-1, -1, Hg)), update_count=self.replay_count,
+                      store_state=True, output=False)
+        pre = inp.qkv if step.valid is None else inp.qkv * step.valid[..., None].to(inp.qkv.dtype)
+        post = tree_conv1d(pre, self.gdn_conv_state[i], p.conv_weight, None, tree_mask=step.tree_mask,
+                           activation=p.activation)
+        q, k, v = p.split(post)
+        g, beta = p.gates(inp.a, inp.b, step.valid)
+        y, _ = gdn_tree_scan(self.gdn_state[i], q, k, v, g, beta, mask=step.tree_mask)
+        self.gdn_pre[i, :, :L] = pre
+        self.gdn_post[i, :, :L] = post
+        self.gdn_g[i, :, :L] = g
+        self.gdn_beta[i, :, :L] = beta
+        return y
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Replay last call's accepted path, then verify the packed tree from the committed state."""
