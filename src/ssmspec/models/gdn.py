@@ -43,13 +43,15 @@ def _cd(t: Tensor) -> torch.dtype:
 
 def gdn_tree_scan(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
                   mask: Tensor | None = None, scale: float | None = None,
-                  final_state: bool = False) -> tuple[Tensor, Tensor | None]:
+                  final_state: bool = False, corrections: bool = False):
     """The WY form of L tokens from ``state`` (module doc), output only unless ``final_state`` (chains).
 
     state (B, H, N, P) fp32 (not modified); q, k (B, L, G, N) l2-normed; v (B, L, H, P); g, beta (B, L, H)
     (g = beta = 0 on pad tokens: the state passes through them); mask (B, L, L) bool ancestor-or-self (None:
     causal). Returns y (B, L, H, P) in v's dtype and, with ``final_state``, the state after the last token
-    (B, H, N, P) in the compute dtype (fp64 for fp64 inputs; only meaningful for a chain)."""
+    (B, H, N, P) in the compute dtype (fp64 for fp64 inputs; only meaningful for a chain), else None; with
+    ``corrections`` also U (B, L, H, P), each node's correction u_t = β_t(v_t − e^{g_t} S_{t-1}ᵀk_t) along its
+    own path (what ReplaySSM for GDN caches)."""
     bsz, L, H, P = v.shape
     G, N = q.shape[2], q.shape[3]
     cd = torch.promote_types(_cd(v), state.dtype)
@@ -81,6 +83,8 @@ def gdn_tree_scan(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, bet
         last = gam[:, -1]  # (B, H) Γ_L
         w = torch.exp(last[:, None] - gam)  # (B, L, H)
         new = torch.exp(last)[..., None, None] * S + torch.einsum("blh,blhn,blhp->bhnp", w, kh, U)
+    if corrections:
+        return y.to(v.dtype), new, U
     return y.to(v.dtype), new
 
 

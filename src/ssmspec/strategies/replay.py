@@ -27,9 +27,13 @@ consecutive ring slots (``replay_commit_path``) and the conv state advances over
 Gated DeltaNet mixers (seed 000's GDN variant, ``mix_gdn``): the checkpoint is the (H, N, P) delta-rule state,
 the ring caches each token's key, gate and correction u = β(v − e^g Sᵀk) (not v: with u the state unrolls like
 Mamba-2's), and a call is ``ops.gdn.gdn_replay_verify`` -- the device-side flush, the output-only readout of
-every token through the triangular solve of the WY form, the append -- then ``gdn_replay_commit``. GDN layers
-verify chains only: that op takes a causal window, and a tree would need its tree-masked solve inside the
-kernel (the maths is ``models.gdn.gdn_tree_scan``); token trees on a GDN model go to ``stree``.
+every token through the triangular solve of the WY form, the append -- then ``gdn_replay_commit``. Token trees
+(or several chains) on GDN layers: that kernel takes a causal window, so a tree call runs in PyTorch
+(``_verify_gdn_tree``): the same flush, then the state after the committed entries is materialized from S0
+and the ring and the tree is solved with the triangular system restricted to ancestors
+(``models.gdn.gdn_tree_scan``: every node's correction is its own path's, so the accepted path's entries
+are exactly what a chain would have cached); commit gathers the path as for Mamba-2. Correct on every device,
+not a fast kernel.
 """
 from __future__ import annotations
 
@@ -73,9 +77,6 @@ class Replay(StrategyBase):
         self.gdn_ring_k = self.gdn_ring_u = self.gdn_ring_g = self.gdn_head = self.gdn_count = None
         self.gdn_conv_in = None
         if self.gdn_state is not None:  # gdn_state is the GDN checkpoint S0
-            if spec.tree_size or spec.num_drafts > 1:
-                raise ValueError(f"replay verifies GDN layers ({cfg.name!r}) on one chain only (the GDN replay kernel "
-                                 f"takes a causal window); use num_drafts 1 and no tree, or the stree strategy for trees")
             ng = len(cfg.gdn_layers)
             Gk, Hv, Nk, Pv = cfg.gdn_k_heads, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim
             self.gdn_ring_k = torch.zeros(ng, batch, R, Gk, Nk, device=device, dtype=dtype)  # cached keys
@@ -108,16 +109,45 @@ class Replay(StrategyBase):
     def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
         """Output-only GDN verify of the call's chain against S0 + the ring (flushing first where due)."""
         i = p.index
-        if step.rows != self.batch or step.valid is not None or step.tree_mask is not None:
-            raise ValueError(f"replay verifies GDN layers on one chain per sequence ({self.batch} rows, no pads, no "
-                             f"tree); got {step.rows} rows{' and a tree' if step.tree_mask is not None else ''}")
-        qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, activation=p.activation,
-                                   update_state=False)
+        if step.rows != self.batch or step.valid is not None:
+            raise ValueError(f"replay lays out one row per sequence ({self.batch}) with no pads; got {step.rows} rows")
+        if step.tree_mask is None:
+            qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, activation=p.activation,
+                                       update_state=False)
+        else:
+            qkv = tree_conv1d(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, tree_mask=step.tree_mask,
+                              activation=p.activation)
         self.gdn_conv_in[i, :, :step.length] = inp.qkv
         q, k, v = p.split(qkv)
         g, beta = p.gates(inp.a, inp.b)
+        if step.tree_mask is not None:
+            return self._verify_gdn_tree(i, q, k, v, g, beta, step.tree_mask)
         return gdn_replay_verify(self.gdn_state[i], self.gdn_ring_k[i], self.gdn_ring_u[i], self.gdn_ring_g[i],
                                  self.gdn_head[i], self.gdn_count[i], q, k, v, g, beta, flush=None)
+
+    def _verify_gdn_tree(self, i: int, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                         tree_mask: Tensor) -> Tensor:
+        """A token tree through GDN layer i (module doc): flush where count + 2L > R, solve the tree from the state
+        after the committed entries, append (k, U, g) at slots (head + count + s) % R. Device-side, no sync."""
+        from ssmspec.models.gdn import gdn_tree_scan
+        from ssmspec.ops.gdn import gdn_replay_flush_flags, gdn_replay_state_ref
+
+        S0, rk, ru, rg = self.gdn_state[i], self.gdn_ring_k[i], self.gdn_ring_u[i], self.gdn_ring_g[i]
+        head, count = self.gdn_head[i], self.gdn_count[i]
+        bsz, L, R = q.shape[0], q.shape[1], rk.shape[1]
+        flush = gdn_replay_flush_flags(count, L, R)
+        folded = gdn_replay_state_ref(S0, rk, ru, rg, head, count * flush)
+        S0.copy_(torch.where(flush[:, None, None, None], folded.to(S0.dtype), S0))
+        head.copy_(torch.where(flush, (head + count) % R, head))
+        count.copy_(torch.where(flush, torch.zeros_like(count), count))
+        state = gdn_replay_state_ref(S0, rk, ru, rg, head, count)  # after the committed entries (materialized)
+        y, _, U = gdn_tree_scan(state, q, k, v, g, beta, mask=tree_mask, corrections=True)
+        slots = (head[:, None] + count[:, None] + torch.arange(L, device=q.device)[None]) % R
+        rows = torch.arange(bsz, device=q.device)[:, None]
+        rk[rows, slots] = k.to(rk.dtype)
+        ru[rows, slots] = U.to(ru.dtype)
+        rg[rows, slots] = g.to(rg.dtype)
+        return y
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Output-only verify of the call's L tokens against S0 + the ring (flushing first where due)."""
@@ -143,11 +173,19 @@ class Replay(StrategyBase):
 
     def commit(self, verdict, step: StepInputs) -> None:
         """Keep pending + accepted entries: move the pointers, advance the conv state (device-side)."""
-        if self.gdn_count is not None:  # GDN layers: chains only (allocate), count += accepted + 1, conv forward
-            gdn_replay_commit(self.gdn_count, verdict.accepted)
+        if self.gdn_count is not None:  # GDN layers: (tree: path first) count += accepted + 1, conv forward
             ng, bsz, Lg, cg = self.gdn_conv_in.shape
-            conv_state_advance(self.gdn_conv_state.view(ng * bsz, cg, -1), self.gdn_conv_in.view(ng * bsz, Lg, cg),
-                               (verdict.accepted + 1).repeat(ng))
+            gin = self.gdn_conv_in.view(ng * bsz, Lg, cg)
+            if step.tree_mask is not None:
+                path = verdict.path.repeat(ng, 1)
+                Rg = self.gdn_ring_k.shape[2]
+                replay_commit_path(self.gdn_ring_u.view(ng * bsz, Rg, *self.gdn_ring_u.shape[3:]),
+                                   self.gdn_ring_g.view(ng * bsz, Rg, -1),
+                                   self.gdn_ring_k.view(ng * bsz, Rg, *self.gdn_ring_k.shape[3:]),
+                                   self.gdn_head.view(-1), self.gdn_count.view(-1), path)
+                gin = gin.gather(1, path[..., None].expand(-1, -1, cg))
+            gdn_replay_commit(self.gdn_count, verdict.accepted)
+            conv_state_advance(self.gdn_conv_state.view(ng * bsz, cg, -1), gin, (verdict.accepted + 1).repeat(ng))
         n, bsz, Lc, cdim = self.conv_in.shape
         if not n:
             return
