@@ -73,3 +73,59 @@ def test_replay_ring_sizes_on_gdn(R, case_id):
     assert out.sequences == ref
     if R == 40:
         assert int(strat.gdn_count.max()) > L  # entries of earlier calls are still in the ring: read, not folded
+
+
+@pytest.mark.parametrize("strategy", speculative_strategies())
+def test_gdn_step_is_device_side_meta(strategy, monkeypatch):
+    """layout, mix_gdn and commit never read tensor data on the host (meta tensors refuse it: the CPU
+    stand-in for CUDA-graph capture). The GDN ops' naive twins drop pad rows with boolean masks, which meta
+    refuses (their Triton kernels do not), so the strategies' own code runs around shape-only op stand-ins."""
+    import torch
+
+    import ssmspec.models.gdn as gdn_mod
+    import ssmspec.strategies.activation_replay as ar_mod
+    import ssmspec.strategies.joint_attainment as ja_mod
+    import ssmspec.strategies.replay as rp_mod
+    import ssmspec.strategies.snapshot as sn_mod
+    import ssmspec.strategies.stree as st_mod
+    from ssmspec.drafting.base import DraftTree
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+    from ssmspec.strategies import SpecConfig, make_strategy
+    from ssmspec.strategies.base import GDNInputs
+    from ssmspec.verify.base import Verdict
+
+    def multistep(state, q, k, v, g, beta, *, output=True, state_batch_indices=None, **kw):
+        rows = torch.arange(v.shape[0], device=v.device) if state_batch_indices is None else state_batch_indices
+        state.index_copy_(0, rows, state[rows] * g[:, 0, :, None, None].exp())  # reads and writes, shape-only
+        return torch.empty_like(v) if output else None
+
+    def snapshot(pool, q, k, v, g, beta, *, src_slot, dst_slots, **kw):
+        pool.index_copy_(0, dst_slots.reshape(-1), pool[src_slot].repeat_interleave(v.shape[1], 0))
+        return torch.empty_like(v)
+
+    def tree(state, q, k, v, g, beta, *, mask=None, corrections=False, **kw):
+        y = torch.empty_like(v)
+        return (y, None, torch.empty_like(v)) if corrections else (y, None)
+
+    for mod in (ar_mod, ja_mod, st_mod):
+        monkeypatch.setattr(mod, "gdn_multistep", multistep)
+    monkeypatch.setattr(sn_mod, "gdn_multistep_snapshot", snapshot)
+    monkeypatch.setattr(rp_mod, "gdn_replay_verify", lambda *a, **k: torch.empty_like(a[8]))
+    monkeypatch.setattr(gdn_mod, "gdn_tree_scan", tree)
+    cfg = load_preset("tiny-qwen3-next")
+    model = build_model(cfg).to("meta")
+    s = make_strategy(strategy)
+    s.allocate(cfg, 2, SpecConfig(draft_len=3, num_drafts=2), "meta", torch.float32)
+    meta = dict(dtype=torch.long, device="meta")
+    step = s.layout(torch.empty(2, **meta), DraftTree.from_chains(torch.empty(2, 2, 3, **meta)),
+                    torch.empty(2, **meta))
+    mixers = [b.mixer for b in model.layers if b.kind == "G"]
+    H = cfg.gdn_v_heads
+    inp = GDNInputs(qkv=torch.empty(step.rows, step.length, cfg.gdn_conv_dim, device="meta"),
+                    b=torch.empty(step.rows, step.length, H, device="meta"),
+                    a=torch.empty(step.rows, step.length, H, device="meta"))
+    for _ in range(2):
+        for m in mixers:
+            assert s.mix_gdn(m.params(), inp, step).shape == (step.rows, step.length, H, cfg.gdn_v_dim)
+        s.commit(Verdict(torch.empty(2, **meta), torch.empty(2, 4, **meta), torch.empty(2, **meta)), step)
