@@ -129,3 +129,47 @@ def test_gdn_step_is_device_side_meta(strategy, monkeypatch):
         for m in mixers:
             assert s.mix_gdn(m.params(), inp, step).shape == (step.rows, step.length, H, cfg.gdn_v_dim)
         s.commit(Verdict(torch.empty(2, **meta), torch.empty(2, 4, **meta), torch.empty(2, **meta)), step)
+
+
+@pytest.mark.parametrize("strategy", speculative_strategies())
+def test_gdn_logits_match_full_forward_float32(strategy):
+    """float32 tiny-qwen3-next: the logits behind every emitted token equal one prompt-pass forward (the
+    chunked WY prefill) over prompt + output within 2e-5 absolute."""
+    import torch
+
+    from ssmspec.drafting.oracle import Oracle
+    from ssmspec.engine.context import RunContext
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.kv_cache import KVCache
+    from ssmspec.models.model import build_model
+    from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
+    from ssmspec.verify.greedy import GreedyVerifier
+
+    class Recorder(GreedyVerifier):
+        def __init__(self):
+            self.calls = []
+
+        def verify(self, node_logits, drafts, generator=None):
+            v = super().verify(node_logits, drafts, generator)
+            self.calls.append((node_logits.clone(), v))
+            return v
+
+    cfg = load_preset("tiny-qwen3-next")
+    model = build_model(cfg, seed=1, dtype=torch.float32)
+    prompt = [[4, 99, 23, 61, 7]]
+    ref = generate(model, prompt, max_new_tokens=10, strategy="autoregressive", timing=False).sequences
+    rec = Recorder()
+    drafter = Oracle(p=0.7, draft_len=3, num_drafts=2, reference=ref, vocab_size=cfg.vocab_size, seed=2)
+    out = generate(model, prompt, max_new_tokens=10, strategy=strategy, verifier=rec, drafter=drafter, timing=False)
+    got = torch.cat([lg[0, v.path[0, :int(v.accepted[0]) + 1]] for lg, v in rec.calls])
+    ids = torch.tensor([prompt[0] + out.sequences[0]])
+    ar = make_strategy("autoregressive")
+    ar.allocate(cfg, 1, SpecConfig(), "cpu", torch.float32)
+    kv = [KVCache(1, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=1, max_new=ids.shape[1], device="cpu",
+                  dtype=torch.float32) for _ in cfg.attention_layers]
+    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None], prefill=True)
+    with torch.no_grad():
+        full = model(ids, RunContext(strategy=ar, kv=kv, step=step))[0]
+    P, n = len(prompt[0]), len(out.sequences[0])
+    assert out.sequences == ref and got.shape[0] >= n == 10
+    torch.testing.assert_close(got[:n], full[P - 1:P - 1 + n], rtol=0, atol=2e-5)
