@@ -33,6 +33,8 @@ TRITON_MODULES = {
     "ssmspec.ops.causal_conv1d.triton": ("causal_conv1d_update_triton", "conv_state_advance_triton"),
     "ssmspec.ops.replay.triton": ("replay_verify_triton",),
     "ssmspec.ops.tree_scan.triton": ("tree_scan_triton", "tree_conv1d_triton"),
+    "ssmspec.ops.gdn.recurrent": ("gdn_multistep_triton", "gdn_multistep_snapshot_triton"),
+    "ssmspec.ops.gdn.replay": ("gdn_replay_verify_triton",),
 }
 
 
@@ -117,6 +119,28 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
     assert out.sequences == ref
     assert {"causal_conv1d_update_triton"} <= set(kernel_calls) or strategy == "stree"  # stree: tree conv
     assert _expected_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
+
+
+def _expected_gdn_kernels(name: str) -> set[str]:
+    """GDN kernels a strategy must reach in decode (stree's GDN tree solve is PyTorch: no kernel yet)."""
+    return {"autoregressive": {"gdn_multistep_triton"}, "snapshot": {"gdn_multistep_snapshot_triton"},
+            "activation_replay": {"gdn_multistep_triton"}, "joint_attainment": {"gdn_multistep_triton"},
+            "stree": {"gdn_multistep_triton"}, "replay": {"gdn_replay_verify_triton"}}.get(name, set())
+
+
+@pytest.mark.parametrize("strategy", strategy_names())
+def test_strategy_on_triton_kernels_is_lossless_on_gdn(strategy, kernel_calls):
+    """The same on tiny-qwen3.5 (Gated DeltaNet + gated attention): the GDN kernels of ops/gdn."""
+    prompts = [[5, 17, 33, 8, 90]]  # one sequence, few steps: the interpreter runs every program on the CPU
+    new = 5
+    model, ref = _clear_model("tiny-qwen3.5", prompts, new)
+    kernel_calls.clear()
+    drafter = None
+    if make_strategy(strategy).speculative:
+        drafter = Oracle(p=0.6, draft_len=3, num_drafts=1, reference=ref, vocab_size=model.cfg.vocab_size, seed=1)
+    out = _run(model, prompts, strategy, new, drafter)
+    assert out.sequences == ref
+    assert _expected_gdn_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
 
 
 @pytest.mark.gpu
