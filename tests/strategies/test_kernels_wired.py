@@ -158,3 +158,27 @@ def test_strategy_on_kernels_at_published_size(strategy, kernel_calls):
     assert out.sequences == ref
     assert _expected_kernels(strategy) <= set(kernel_calls)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("strategy", [s for s in strategy_names() if make_strategy(s).speculative])
+def test_strategy_on_gdn_kernels_at_published_size(strategy, kernel_calls):
+    """Qwen3.5's mixer sizes (GDN H=32, G=16, N=P=128; attention 8 x 2 heads of 256, partial RoPE), 4 decoder
+    layers of qwen3.5-0.8b with a 4096-token vocabulary, random float32 weights, batch 4, S=5: the GDN
+    kernels at their real block shapes."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 4096, (n,), generator=gen).tolist() for n in (37, 64, 5, 20)]
+    cfg = load_preset("qwen3.5-0.8b", pattern="G-G-G-*-", vocab_size=4096, max_seq_len=256)
+    for seed in range(5):
+        model = build_model(cfg, seed=seed, device=DEVICE, dtype=torch.float32)
+        ref, margin = _reference(model, prompts, 16)
+        if margin > 1e-3:
+            break
+    else:
+        raise AssertionError("no seed gives a top-2 logit margin above 1e-3")
+    kernel_calls.clear()
+    drafter = Oracle(p=0.7, draft_len=5, num_drafts=1, reference=ref, vocab_size=cfg.vocab_size, seed=2)
+    out = _run(model, prompts, strategy, 16, drafter)
+    assert out.sequences == ref
+    assert _expected_gdn_kernels(strategy) <= set(kernel_calls)
