@@ -5,6 +5,11 @@ mixers (Qwen3-Next / Qwen3.5, ``models/gdn.py``) hand ``GDNParams`` + ``GDNInput
 ``mix_gdn``; ``run_mixer`` dispatches on the params' kind. Each kind has its own state tensors
 (``conv_state`` / ``ssm_state`` and ``gdn_conv_state`` / ``gdn_state``, allocated by ``allocate_gdn``);
 ``commit`` moves both. A strategy that keeps no GDN state refuses a GDN model at ``allocate``.
+Every registered strategy keeps GDN state. Token trees on GDN layers: ``stree`` and ``replay`` verify them
+with the tree-masked WY solve (``models.gdn.gdn_tree_scan``, PyTorch: STree's Triton tree scan is the
+diagonal-decay SSD form, which the delta rule is not; replay's GDN Triton verify takes a causal window);
+snapshot, activation_replay and joint_attainment verify chains only, for GDN as for Mamba-2 (a serial scan
+per row cannot verify a tree in one row).
 
 One decode step (DESIGN.md section 3): the drafter proposes a ``DraftTree`` hanging under the pending
 token; ``Strategy.layout`` turns it into ``StepInputs`` (model rows, positions, tree mask, where each
