@@ -134,3 +134,26 @@ def test_missing_field_and_tensor_are_named(tmp_path):
     save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match="in_proj_ba"):
         load_model(tmp_path)
+
+
+def test_conditional_generation_layout(tmp_path):
+    """A Qwen3_5ForConditionalGeneration directory (model_type qwen3_5, the text model in text_config, keys under
+    model.language_model., vision and MTP weights beside them) loads its language model."""
+    from safetensors.torch import load_file, save_file
+    hf = _qwen35(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    text = {k: v for k, v in raw.items() if k not in ("architectures", "tie_word_embeddings")}
+    text["model_type"] = "qwen3_5_text"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"],
+                                                      "model_type": "qwen3_5", "text_config": text,
+                                                      "vision_config": {"depth": 2}, "tie_word_embeddings": False}))
+    sd = load_file(str(tmp_path / "model.safetensors"))
+    sd = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v for k, v in sd.items()}
+    sd["model.visual.blocks.0.attn.qkv.weight"] = torch.zeros(3, 3)
+    sd["mtp.fc.weight"] = torch.zeros(2, 2)
+    save_file(sd, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    ours = load_model(tmp_path, dtype=torch.float64)
+    ids = torch.randint(3, 300, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = hf.double()(ids).logits
+    torch.testing.assert_close(_our_logits(ours, ids).double(), ref, rtol=0, atol=1e-5)
