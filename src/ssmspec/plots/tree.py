@@ -59,3 +59,40 @@ def plot_stree_fig3(df: pd.DataFrame, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
+
+
+PAPER_TAB1 = {"stree": [2.04, 1.47, 1.37, 1.26], "vanilla_sd": [1.37, 1.15, 1.13, 1.06]}  # 2.3B, 7B, 13B, 23B
+PAPER_TAB1_PARAMS = [2.3e9, 7e9, 13e9, 23e9]
+
+
+def plot_stree_sizes(df: pd.DataFrame, out: Path) -> None:
+    """STree Table 1: left, ms per model call vs parameters per line; right, overhead over autoregressive vs
+    parameters, with the paper's numbers (RTX 3090) as open markers. Skipped sizes are named in the title."""
+    rows = ok_rows(df)
+    skipped = sorted(set(df.loc[df["status"] == "skipped", "model"])) if "status" in df.columns else []
+    fig, (ax, axr) = plt.subplots(1, 2, figsize=(11, 4))
+    for k, (line, g) in enumerate(rows.groupby("line", sort=False)):
+        g = g.sort_values("params")
+        tokens = int(g["tokens"].iloc[0])
+        ax.errorbar(g["params"], g["ms_p50"], yerr=[g["ms_p50"] - g["ms_p20"], g["ms_p80"] - g["ms_p50"]],
+                    marker="o", color=f"C{k}", capsize=2, label=f"{line} ({tokens} tokens)")
+        if line != "autoregressive":
+            axr.plot(g["params"], g["overhead"], marker="o", color=f"C{k}", label=f"{line} (measured)")
+            for x, y, m in zip(g["params"], g["overhead"], g["model"]):
+                axr.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            if line in PAPER_TAB1:
+                axr.plot(PAPER_TAB1_PARAMS, PAPER_TAB1[line], marker="s", mfc="none", ls=":", color=f"C{k}",
+                         label=f"{line} (paper, RTX 3090)")
+    for a in (ax, axr):
+        a.set_xscale("log")
+        a.set_xlabel("parameters")
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    ax.set(ylabel="ms per model call (batch 1)", title="latency per model call")
+    axr.axhline(1.0, color="k", lw=0.8)
+    axr.set(ylabel="time / autoregressive time", title="overhead over autoregressive")
+    note = f" (skipped, does not fit: {', '.join(skipped)})" if skipped else ""
+    fig.suptitle(f"STree Table 1: model-call latency vs model size{note}\n{provenance(df)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
