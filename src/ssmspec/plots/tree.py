@@ -96,3 +96,41 @@ def plot_stree_sizes(df: pd.DataFrame, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
+
+
+def plot_stree_unrolled(df: pd.DataFrame, out: Path) -> None:
+    """STree Table 2: per N, tokens/s (left) and memory (right) vs beams M, packed vs unrolled; the packed /
+    unrolled speed ratio and memory ratio are annotated. Memory: the allocator peak on CUDA, else the plan."""
+    rows = ok_rows(df)
+    trees = rows[rows["form"].isin(["packed", "unrolled"])] if "form" in rows.columns else rows.iloc[0:0]
+    mem = "peak_bytes" if "peak_bytes" in trees.columns and trees["peak_bytes"].notna().all() else "planned_bytes"
+    fig, (ax, axm) = plt.subplots(1, 2, figsize=(11, 4))
+    ar = rows[rows["line"] == "autoregressive"]
+    for k, (N, g) in enumerate(trees.groupby("steps")):
+        for form, ls in (("packed", "-"), ("unrolled", "--")):
+            f = g[g["form"] == form].sort_values("beams")
+            ax.plot(f["beams"], f["tokens_per_s"], marker="o", ls=ls, color=f"C{k}", label=f"{form}, N={int(N)}")
+            axm.plot(f["beams"], f[mem] / 2**20, marker="o", ls=ls, color=f"C{k}", label=f"{form}, N={int(N)}")
+        p, u = (g[g["form"] == x].set_index("beams") for x in ("packed", "unrolled"))
+        for M in p.index.intersection(u.index):
+            ax.annotate(f"{p.loc[M, 'tokens_per_s'] / u.loc[M, 'tokens_per_s']:.2f}x", (M, p.loc[M, "tokens_per_s"]),
+                        textcoords="offset points", xytext=(3, 4), fontsize=7, color=f"C{k}")
+            axm.annotate(f"{p.loc[M, mem] / u.loc[M, mem]:.2f}x", (M, p.loc[M, mem] / 2**20),
+                         textcoords="offset points", xytext=(3, -10), fontsize=7, color=f"C{k}")
+    if len(ar):
+        ax.axhline(float(ar["tokens_per_s"].median()), color="gray", lw=0.8, label="autoregressive")
+    skipped = df[df["status"] != "ok"] if "status" in df.columns else df.iloc[0:0]
+    ax.set(xlabel="beams M", ylabel="tokens / s", title="speed (packed / unrolled annotated)")
+    axm.set(xlabel="beams M", ylabel=f"{'peak allocated' if mem == 'peak_bytes' else 'planned'} MiB beside weights",
+            title="memory (packed / unrolled annotated)")
+    axm.set_yscale("log")
+    for a in (ax, axm):
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    note = f"; {len(skipped)} point(s) skipped or out of memory" if len(skipped) else ""
+    acc = trees.iloc[0] if len(trees) else None
+    stated = f"forced oracle per branch, alpha {acc['alpha']}, rank decay {acc['rank_decay']}" if acc is not None else ""
+    fig.suptitle(f"STree Table 2: beam trees, packed vs unrolled ({stated}{note})\n{provenance(df)}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    plt.close(fig)
