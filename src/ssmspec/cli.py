@@ -3,6 +3,7 @@
     run [-m] [--save-reference] [overrides]   run an experiment (Hydra: experiment=<id> key=value ...)
     plot <id> [--profile P] [--from DIR] [--out PNG]   draw an experiment's figure from results only
     figures                                   draw every figure that has reference results
+    policy --fit <cost_model.json> --batch B [B ...] --alpha A   the cost model's pick of strategy, S and D
     reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines] [--jobs N|auto]  run every
                                               experiment of the profile (one per GPU at once), draw all figures,
                                               end with a summary (ssmspec/summary.py)
@@ -415,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if argv and argv[0] == "run":  # everything after `run` belongs to Hydra
         return cmd_run(argv[1:])
+    if argv and argv[0] == "policy":  # the cost model's pick (ssmspec/policy.py)
+        from ssmspec.policy import main as policy_main
+
+        return policy_main(argv[1:])
     parser = argparse.ArgumentParser(prog="ssmspec", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
