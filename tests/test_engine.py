@@ -68,9 +68,10 @@ def test_runs_that_cannot_fit_are_refused_before_anything_is_allocated():
     assert strat.conv_state is None  # nothing was allocated
 
 
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "tiny-qwen3.5"])
 @pytest.mark.parametrize("name", strategy_names())
-def test_planned_state_bytes_equal_what_the_strategy_allocates(name):
-    cfg = load_preset("tiny-hybrid")
+def test_planned_state_bytes_equal_what_the_strategy_allocates(name, preset):
+    cfg = load_preset(preset)
     spec = SpecConfig() if not make_strategy(name).speculative else SpecConfig(draft_len=3, buffer_size=8)
     want = strategy_bytes(make_strategy(name), cfg, 3, spec, torch.float32)
     s = make_strategy(name)
@@ -79,6 +80,12 @@ def test_planned_state_bytes_equal_what_the_strategy_allocates(name):
     parts = plan_bytes(cfg, make_strategy(name), batch=3, spec=spec, kv_capacity=40, prefill_len=8,
                        dtype=torch.float32)
     assert parts["state"] == want and parts["kv_cache"] > 0
+    if cfg.gdn_layers:  # the GDN states are in the plan, and its prefill's chunk tiles in the activations
+        gdn = sum(t.numel() * t.element_size() for k, t in vars(s).items() if isinstance(t, torch.Tensor) and "gdn" in k)
+        assert 0 < gdn <= want
+        longer = plan_bytes(cfg, make_strategy(name), batch=3, spec=spec, kv_capacity=40, prefill_len=64,
+                            dtype=torch.float32)
+        assert longer["activations"] > parts["activations"]
 
 
 # GPU: the captured step is the eager step --------------------------------------------------------

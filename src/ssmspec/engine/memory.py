@@ -46,7 +46,8 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
     kv = n_attn * 2 * cfg.n_kv_heads * cfg.attn_head_dim * elt * (batch * kv_capacity + rows * call_len)
     state = strategy_bytes(strategy, cfg, batch, spec, dtype)
     tokens = 8 * batch * (prefill_len + 2 * (spec.draft_len + 2)) + 8 * batch * 8
-    width = max(cfg.in_proj_dim if cfg.mamba_layers else 0, cfg.d_ff or 0, 3 * cfg.d_model,
+    gdn_width = cfg.gdn_conv_dim + cfg.gdn_value_dim + 2 * cfg.gdn_v_heads if cfg.gdn_layers else 0  # qkv|z|b|a
+    width = max(cfg.in_proj_dim if cfg.mamba_layers else 0, gdn_width, cfg.d_ff or 0, 3 * cfg.d_model,
                 cfg.n_heads * cfg.attn_head_dim if n_attn else 0)
     decode_tok = rows * strategy.max_call_len(spec)
     prefill_tok = batch * prefill_len if prefill else 0
@@ -56,6 +57,9 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
     if cfg.mamba_layers and prefill:  # the prefill chunk scan's per-chunk states (fp32)
         chunks = -(-prefill_len // max(cfg.chunk_size, 1))
         act += 2 * 4 * batch * chunks * cfg.ssm_heads * cfg.head_dim * cfg.state_size
+    if cfg.gdn_layers and prefill:  # the GDN prefill's WY chunk: (B, H, C, C) solve and (B, H, C, N|P) tiles, fp32
+        C = min(max(cfg.gdn_chunk_size, 1), max(prefill_len, 1))
+        act += 4 * 4 * batch * cfg.gdn_v_heads * C * (C + cfg.gdn_k_dim + cfg.gdn_v_dim)
     return {"state": state, "kv_cache": kv, "tokens": tokens, "activations": act}
 
 
