@@ -186,3 +186,11 @@ def test_oracle_from_target_and_sampled_drafts_in_generate(models):
     out = generate(target, PROMPTS, max_new_tokens=6, strategy="stree", drafter=d,
                    sampling=SamplingConfig(temperature=1.0, seed=3), timing=False)
     assert [len(s) for s in out.sequences] == [6, 6]
+
+
+def test_a_gated_deltanet_draft_model_is_refused_with_the_fix():
+    from ssmspec.drafting.runner import DraftRunner
+
+    draft = build_model(load_preset("tiny-qwen3.5"), seed=0)
+    with pytest.raises(ValueError, match="Gated DeltaNet mixers.*draft with a Mamba-2"):
+        DraftRunner(draft, max_depth=2)

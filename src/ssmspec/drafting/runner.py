@@ -133,6 +133,10 @@ class DraftRunner:
     """
 
     def __init__(self, model: HybridLM, *, max_depth: int, width: int = 1, slack: int = 0) -> None:
+        if model.cfg.gdn_layers:
+            raise ValueError(f"draft model {model.cfg.name!r} has Gated DeltaNet mixers, which the draft runner does "
+                             f"not keep state for yet; draft with a Mamba-2 or Mamba-2 hybrid preset (e.g. "
+                             f"mamba2-130m) or checkpoint, or with the png / oracle drafters")
         self.model = model
         self.max_depth = max_depth
         self.absorb_width = 1 + max_depth  # A: a step emits at most the accepted drafts + the bonus
