@@ -4,6 +4,19 @@ as the PyTorch reference. From here on, transformers' modeling modules are impor
 hidden, so they keep their PyTorch paths (ssmspec.baselines.keep_transformers_on_torch_paths; a no-op where
 none is installed, as on CI).
 """
+import pytest
+import torch
+
 from ssmspec.baselines import keep_transformers_on_torch_paths
 
 keep_transformers_on_torch_paths()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Small tensors: intra-op threads only oversubscribe the 2 cores that pytest-xdist workers share. A module
+    uses it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

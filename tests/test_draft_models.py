@@ -18,12 +18,7 @@ PROMPTS = [[5, 17, 33, 8, 5, 17], [9, 10, 11]]
 NEW = 14
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models; avoid oversubscribing the cores xdist workers share
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid"])

@@ -15,12 +15,7 @@ from ssmspec.paths import CONF_DIR
 from ssmspec.verify import GreedyVerifier
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors; avoid oversubscribing the cores xdist workers share
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # PNG ----------------------------------------------------------------------------------------------

@@ -19,12 +19,7 @@ SIZES = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_attention
              linear_value_head_dim=8, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _perturb_norms(model, seed):

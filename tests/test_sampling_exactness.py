@@ -28,13 +28,7 @@ PASS, FAIL = 1e-3, 1e-6  # an exact sampler's p-value stays above PASS; a mutant
 START = 0  # pending token of every row
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only oversubscribe the 2 cores that pytest-xdist workers share."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _markov(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

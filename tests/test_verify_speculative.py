@@ -18,13 +18,7 @@ ROWS = 40_000
 SAMPLING = SamplingConfig(temperature=1.0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: intra-op threads only oversubscribe the 2 cores that pytest-xdist workers share."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _dists(n: int, seed: int, scale: float = 1.5) -> torch.Tensor:

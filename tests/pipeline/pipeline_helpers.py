@@ -25,3 +25,17 @@ def run_and_plot(cli, tmp_path: Path, exp_id: str, *extra: str) -> list[dict]:
     assert status == 0, err
     assert png.read_bytes()[:8] == PNG_MAGIC
     return rows_of(out)
+
+
+def run_rows(cli, tmp_path: Path, argv: list[str], *extra: str, plot: bool = True) -> list[dict]:
+    """Run ``argv`` (experiment=<id> first) plus ``extra`` into tmp_path/run, draw its figure unless
+    ``plot=False``, return its rows."""
+    out = tmp_path / "run"
+    status, _, err = cli("run", *argv, *extra, f"results_dir={out}")
+    assert status == 0, err
+    if plot:
+        png = tmp_path / "fig.png"
+        status, _, err = cli("plot", argv[0].split("=")[1], "--from", str(out), "--out", str(png))
+        assert status == 0, err
+        assert png.read_bytes()[:8] == PNG_MAGIC
+    return rows_of(out)

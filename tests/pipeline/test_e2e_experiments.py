@@ -4,11 +4,9 @@ comes from the accepted counts, points that cannot fit are skipped rows, and the
 plan's limit exactly and reports a real out-of-memory error as a row."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from pipeline_helpers import run_rows
 
 from ssmspec.bench import e2e_concurrency
 from ssmspec.bench.e2e import expected_accepted
@@ -17,27 +15,10 @@ from ssmspec.models import build_model, load_preset
 from ssmspec.plots.e2e import fig8_ratios, fig11_ratios
 from ssmspec.strategies import SpecConfig
 
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIG8 = ["experiment=replay_fig8_throughput", "profile=cpu", "bench.warmup=0", "bench.iters=2", "bench.batch=[2]",
         "bench.prompt_len=6"]
 FIG11 = ["experiment=replay_fig11_concurrency", "profile=cpu", "bench.presets=[tiny-mamba2]", "bench.budget_mib=2",
          "bench.probe_steps=1"]
-
-
-def _rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-
-
-def _run(cli, tmp_path: Path, argv: list[str], *extra: str, plot: bool = True) -> list[dict]:
-    out = tmp_path / "run"
-    status, _, err = cli("run", *argv, *extra, f"results_dir={out}")
-    assert status == 0, err
-    if plot:
-        png = tmp_path / "fig.png"
-        status, _, err = cli("plot", argv[0].split("=")[1], "--from", str(out), "--out", str(png))
-        assert status == 0, err
-        assert png.read_bytes()[:8] == PNG_MAGIC
-    return _rows(out)
 
 
 def test_expected_accepted_is_the_truncated_geometric_mean():
@@ -46,7 +27,7 @@ def test_expected_accepted_is_the_truncated_geometric_mean():
 
 
 def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli, tmp_path):
-    rows = _run(cli, tmp_path, FIG8, "bench.alpha=1.0", "bench.batch=[2,1000000000]")
+    rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=1.0", "bench.batch=[2,1000000000]")
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["line"] for r in ok} == {"autoregressive", "replay", "snapshot spec S=4", "replay spec S=3",
                                        "replay spec S=4"}
@@ -69,7 +50,7 @@ def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli,
 
 
 def test_fig8_oracle_at_alpha_zero_is_never_accepted(cli, tmp_path):
-    rows = _run(cli, tmp_path, FIG8, "bench.alpha=0.0", "bench.snapshot_S=[]", "bench.replay_S=[2]",
+    rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=0.0", "bench.snapshot_S=[]", "bench.replay_S=[2]",
                 "bench.presets=[tiny-mamba2]", plot=False)
     spec = [r for r in rows if r["S"]]
     assert [r["line"] for r in spec] == ["replay spec S=2"]
@@ -83,7 +64,7 @@ def test_fig8_refuses_a_buffer_smaller_than_a_call(cli, tmp_path):
 
 
 def test_fig11_finds_the_plan_limit_exactly(cli, tmp_path):
-    rows = _run(cli, tmp_path, FIG11)
+    rows = run_rows(cli, tmp_path, FIG11)
     best = {r["strategy"]: r for r in rows if r["kind"] == "max_batch"}
     assert set(best) == {"autoregressive", "snapshot", "replay"}
     probes = [r for r in rows if r["kind"] == "probe"]
@@ -111,7 +92,7 @@ def test_fig11_reports_a_real_out_of_memory_error_and_searches_below_it(cli, tmp
         return real(self, strategy, spec, batch)
 
     monkeypatch.setattr(e2e_concurrency.Budget, "run_engine", tight)
-    rows = _run(cli, tmp_path, FIG11, "bench.strategies=[autoregressive]")
+    rows = run_rows(cli, tmp_path, FIG11, "bench.strategies=[autoregressive]")
     best = [r for r in rows if r["kind"] == "max_batch"]
     assert len(best) == 1 and best[0]["max_batch"] == 20 and best[0]["limit"] == "oom"
     probes = [r for r in rows if r["kind"] == "probe"]
@@ -127,7 +108,7 @@ def test_fig11_refuses_a_budget_below_the_weights(cli, tmp_path):
 
 
 def test_fig8_oracle_at_alpha_half_gives_the_stated_mean_acceptance(cli, tmp_path):
-    rows = _run(cli, tmp_path, FIG8, "bench.alpha=0.5", "bench.snapshot_S=[]", "bench.replay_S=[2]",
+    rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=0.5", "bench.snapshot_S=[]", "bench.replay_S=[2]",
                 "bench.presets=[tiny-mamba2]", "bench.batch=[16]", "bench.iters=10", plot=False)
     r = next(r for r in rows if r["S"] == 2)
     n = sum(r["accepted_hist"].values())
@@ -142,7 +123,7 @@ def test_fig8_forced_and_compared_oracles_agree_where_the_reference_holds(cli, t
     see the same accepted counts; an unknown mode is refused before anything runs."""
     hists = {}
     for mode in ("forced", "compare"):
-        rows = _run(cli, tmp_path / mode, FIG8, f"bench.oracle={mode}", "bench.alpha=0.6", "bench.snapshot_S=[]",
+        rows = run_rows(cli, tmp_path / mode, FIG8, f"bench.oracle={mode}", "bench.alpha=0.6", "bench.snapshot_S=[]",
                     "bench.replay_S=[3]", "bench.presets=[tiny-mamba2]", "bench.batch=[4]", plot=False)
         r = next(r for r in rows if r["S"] == 3)
         assert r["oracle"] == mode and r["ref_match"] == 1.0

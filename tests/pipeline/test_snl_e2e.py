@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-from pipeline_helpers import PNG_MAGIC, rows_of
+from pipeline_helpers import run_rows
 
 from ssmspec import paths
 from ssmspec.bench import e2e_snl
@@ -42,16 +42,6 @@ def data_dir(tmp_path, monkeypatch):
     return root
 
 
-def _run(cli, tmp_path: Path, argv: list[str], *extra: str, plot: bool = True) -> list[dict]:
-    out = tmp_path / "run"
-    status, _, err = cli("run", *argv, *extra, f"results_dir={out}")
-    assert status == 0, err
-    if plot:
-        png = tmp_path / "fig.png"
-        status, _, err = cli("plot", argv[0].split("=")[1], "--from", str(out), "--out", str(png))
-        assert status == 0, err
-        assert png.read_bytes()[:8] == PNG_MAGIC
-    return rows_of(out)
 
 
 def test_expected_accepted_of_the_best_chain():
@@ -93,7 +83,7 @@ def test_one_engine_decodes_group_after_group_like_a_fresh_generate(preset, stra
 
 
 def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, data_dir):
-    rows = _run(cli, tmp_path, TAB5, "bench.alpha=1.0")
+    rows = run_rows(cli, tmp_path, TAB5, "bench.alpha=1.0")
     by = {(r["set"], r["line"]): r for r in rows}
     lines = ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
     assert list(by) == [(s, ln) for s in ("mtbench", "gsm8k", "humaneval") for ln in lines]
@@ -124,7 +114,7 @@ def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, da
 
 
 def test_tab5_png_drafter_records_its_measured_acceptance(cli, tmp_path, data_dir):
-    rows = _run(cli, tmp_path, TAB5, "data=humaneval", "bench.drafter=png", "bench.batch=2", plot=False)
+    rows = run_rows(cli, tmp_path, TAB5, "data=humaneval", "bench.drafter=png", "bench.batch=2", plot=False)
     assert {r["set"] for r in rows} == {"humaneval"} and len(rows) == 3
     for r in (r for r in rows if r["drafts"]):
         assert r["acceptance"] == "measured" and r["alpha"] is None and r["drafter"] == "png" and r["ngram"] == 3
@@ -135,7 +125,7 @@ def test_tab5_png_drafter_records_its_measured_acceptance(cli, tmp_path, data_di
 
 
 def test_fig4_throughput_vs_drafts_per_batch(cli, tmp_path):
-    rows = _run(cli, tmp_path, FIG4, "bench.alpha=0.6", "bench.batch=[1,2,1000]")
+    rows = run_rows(cli, tmp_path, FIG4, "bench.alpha=0.6", "bench.batch=[1,2,1000]")
     ok = [r for r in rows if r["status"] == "ok"]
     assert [(r["batch"], r["drafts"], r["strategy"]) for r in ok] == [
         (b, d, s) for b in (1, 2) for d, s in [(0, "autoregressive"), (1, "joint_attainment"), (1, "activation_replay"),
@@ -177,7 +167,7 @@ def _checkpoint_with_tokenizer(path: Path) -> Path:
 
 def test_tab5_on_a_checkpoint_runs_the_png_drafter_on_its_tokens(cli, tmp_path, data_dir):
     ckpt = _checkpoint_with_tokenizer(tmp_path / "ckpt")
-    rows = _run(cli, tmp_path, TAB5, "data=mtbench", f"checkpoint={ckpt}", plot=False)
+    rows = run_rows(cli, tmp_path, TAB5, "data=mtbench", f"checkpoint={ckpt}", plot=False)
     assert [r["line"] for r in rows] == ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
     for r in rows:
         assert r["status"] == "ok" and r["model"] == "ckpt" and r["weights"] == str(ckpt) and r["ref_match"] == 1.0
@@ -200,7 +190,7 @@ def test_fig4_points_that_cannot_fit_or_run_out_of_memory_are_rows(cli, tmp_path
 
     monkeypatch.setattr(e2e_snl, "plan_point", plan)
     monkeypatch.setattr(e2e_snl, "decode", decode)
-    rows = _run(cli, tmp_path, FIG4, "bench.drafts=[0,1]")
+    rows = run_rows(cli, tmp_path, FIG4, "bench.drafts=[0,1]")
     status = [(r["batch"], r["strategy"], r["status"]) for r in rows]
     # batch 2: its autoregressive line cannot fit, so no baseline and no oracle truth: the batch ends there
     assert status == [(1, "autoregressive", "ok"), (1, "joint_attainment", "oom"), (1, "activation_replay", "ok"),
@@ -214,7 +204,7 @@ def test_fig4_forced_and_compared_oracle_agree_on_fp32(cli, tmp_path):
     accepts the same counts and both runs emit the autoregressive output."""
     runs = {}
     for mode in ("forced", "compare"):
-        rows = _run(cli, tmp_path / mode, FIG4, "bench.batch=[2]", "bench.drafts=[0,2]", f"bench.oracle={mode}",
+        rows = run_rows(cli, tmp_path / mode, FIG4, "bench.batch=[2]", "bench.drafts=[0,2]", f"bench.oracle={mode}",
                     plot=False)
         runs[mode] = [r for r in rows if r["drafts"]]
         assert all(r["oracle"] == mode and r["ref_match"] == 1.0 for r in runs[mode])
