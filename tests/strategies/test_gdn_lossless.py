@@ -143,16 +143,7 @@ def test_gdn_logits_match_full_forward_float32(strategy):
     from ssmspec.models.kv_cache import KVCache
     from ssmspec.models.model import build_model
     from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
-    from ssmspec.verify.greedy import GreedyVerifier
-
-    class Recorder(GreedyVerifier):
-        def __init__(self):
-            self.calls = []
-
-        def verify(self, node_logits, drafts, generator=None):
-            v = super().verify(node_logits, drafts, generator)
-            self.calls.append((node_logits.clone(), v))
-            return v
+    from strategy_helpers import Recorder
 
     cfg = load_preset("tiny-qwen3-next")
     model = build_model(cfg, seed=1, dtype=torch.float32)

@@ -15,9 +15,9 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
 from ssmspec.strategies import MixerInputs, SpecConfig, StepInputs, make_strategy, strategy_names
 from ssmspec.verify.base import Verdict
-from ssmspec.verify.greedy import GreedyVerifier
 
 from conftest import DRAFT_CASES, NEW, PROMPTS, TREE, DraftCase, reference_run, speculative_strategies, supports_trees
+from strategy_helpers import Recorder
 
 GRID = [pytest.param(name, case, id=f"{name}-{case.id}") for name in speculative_strategies() for case in DRAFT_CASES
         if supports_trees(name) or not case.tree]
@@ -56,18 +56,6 @@ def test_standard_decoding(preset, strategy):
     assert out.sequences == [r[:5] for r in ref] and out.model_calls == 4
 
 
-class _Recorder(GreedyVerifier):
-    """Greedy verifier that keeps every call's node logits and verdict."""
-
-    def __init__(self):
-        self.calls = []
-
-    def verify(self, node_logits, drafts, generator=None):
-        v = super().verify(node_logits, drafts, generator)
-        self.calls.append((node_logits.clone(), v))
-        return v
-
-
 @pytest.mark.parametrize("strategy", speculative_strategies())
 def test_logits_match_full_forward_float32(strategy):
     """float32 hybrid: the logits behind every emitted token equal one prompt-pass forward over prompt +
@@ -76,7 +64,7 @@ def test_logits_match_full_forward_float32(strategy):
     model = build_model(cfg, seed=1, dtype=torch.float32)
     prompt = [[4, 99, 23, 61, 7]]
     ref = generate(model, prompt, max_new_tokens=10, strategy="autoregressive", timing=False).sequences
-    rec = _Recorder()
+    rec = Recorder()
     drafter = Oracle(p=0.7, draft_len=3, num_drafts=2, reference=ref, vocab_size=cfg.vocab_size, seed=2)
     out = generate(model, prompt, max_new_tokens=10, strategy=strategy, verifier=rec, drafter=drafter, timing=False)
     got = torch.cat([lg[0, v.path[0, :int(v.accepted[0]) + 1]] for lg, v in rec.calls])  # (emitted, V)

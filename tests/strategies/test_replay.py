@@ -14,7 +14,7 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
 from ssmspec.strategies import MixerInputs, SpecConfig, StepInputs, make_strategy, strategy_names
 from ssmspec.verify.base import Verdict
-from ssmspec.verify.greedy import GreedyVerifier
+from strategy_helpers import Recorder
 
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15], [42, 7]]  # different lengths: left padding
 NEW = 16
@@ -180,16 +180,6 @@ def test_tree_greedy_equals_autoregressive(setup64, parents, R, p):
         assert max(out.accepted_histogram()) == 3
 
 
-class _Recorder(GreedyVerifier):
-    def __init__(self):
-        self.calls = []
-
-    def verify(self, node_logits, drafts, generator=None):
-        v = super().verify(node_logits, drafts, generator)
-        self.calls.append((node_logits.clone(), v))
-        return v
-
-
 @pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-hybrid"])
 def test_logits_match_full_forward_float32(preset):
     """float32, a small ring (R = 5, S = 2: flushes and wrap-around): the logits behind every emitted token
@@ -198,7 +188,7 @@ def test_logits_match_full_forward_float32(preset):
     model = build_model(cfg, seed=1, dtype=torch.float32)
     prompt = [[4, 99, 23, 61, 7]]
     ref = generate(model, prompt, max_new_tokens=14, strategy="autoregressive").sequences
-    rec = _Recorder()
+    rec = Recorder()
     out = generate(model, prompt, max_new_tokens=14, strategy="replay", verifier=rec,
                    drafter=ChainOracle(ref, p=0.7, S=2, seed=2, R=5))
     got = torch.cat([logits[0, v.path[0, :int(v.accepted[0]) + 1]] for logits, v in rec.calls])  # prefill first

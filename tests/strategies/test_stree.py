@@ -11,7 +11,7 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
 from ssmspec.strategies import MixerInputs, SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.base import Verdict
-from ssmspec.verify.greedy import GreedyVerifier
+from strategy_helpers import Recorder
 
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15], [42, 7]]  # different lengths: left padding
 NEW = 14
@@ -108,18 +108,6 @@ def test_greedy_batch1_and_standard_decoding(setup64, drafts):
     assert plain.sequences == [r[:6] for r in ref] and plain.model_calls == 5
 
 
-class _Recorder(GreedyVerifier):
-    """Greedy verifier that keeps every call's node logits and verdict."""
-
-    def __init__(self):
-        self.calls = []
-
-    def verify(self, node_logits, drafts, generator=None):
-        v = super().verify(node_logits, drafts, generator)
-        self.calls.append((node_logits.clone(), v))
-        return v
-
-
 @pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-hybrid"])
 def test_logits_match_full_forward_float32(preset):
     """float32: the logits stree produced for every emitted token equal one prefill forward over prompt +
@@ -128,7 +116,7 @@ def test_logits_match_full_forward_float32(preset):
     model = build_model(cfg, seed=1, dtype=torch.float32)
     prompt = [[4, 99, 23, 61, 7]]
     ref = generate(model, prompt, max_new_tokens=10, strategy="autoregressive").sequences
-    rec = _Recorder()
+    rec = Recorder()
     out = generate(model, prompt, max_new_tokens=10, strategy="stree", verifier=rec,
                    drafter=TreeOracle(ref, p=0.7, seed=2, parents=TREE))
     got = [logits[0, v.path[0, :int(v.accepted[0]) + 1]] for logits, v in rec.calls]  # (a+1, V) per call

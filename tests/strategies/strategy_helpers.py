@@ -1,0 +1,16 @@
+"""Shared helpers of the strategy tests."""
+from __future__ import annotations
+
+from ssmspec.verify.greedy import GreedyVerifier
+
+
+class Recorder(GreedyVerifier):
+    """Greedy verifier that keeps every call's node logits and verdict."""
+
+    def __init__(self):
+        self.calls = []
+
+    def verify(self, node_logits, drafts, generator=None):
+        v = super().verify(node_logits, drafts, generator)
+        self.calls.append((node_logits.clone(), v))
+        return v
