@@ -27,7 +27,7 @@ def test_expected_accepted_is_the_truncated_geometric_mean():
 
 
 def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli, tmp_path):
-    rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=1.0", "bench.batch=[2,1000000000]")
+    rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=1.0", "bench.batch=[2,1000000000]", "bench.presets=[tiny-hybrid]")
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["line"] for r in ok} == {"autoregressive", "replay", "snapshot spec S=4", "replay spec S=3",
                                        "replay spec S=4"}
