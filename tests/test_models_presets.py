@@ -90,3 +90,17 @@ def test_qwen_layouts(name):
 def test_qwen_parameter_counts(name):
     """Within 10 % of the size in the name (the names round: the 4B text model counts 4.2e9 here)."""
     assert load_preset(name).num_parameters() == pytest.approx(QWEN_PARAMS[name], rel=0.10)
+
+
+@pytest.mark.parametrize("name", ["tiny-hybrid", "tiny-qwen3.5"])
+def test_random_weights_are_allocated_in_the_run_dtype_and_equal_an_fp32_build_cast(name):
+    """build_model allocates in the run's dtype (a 23B bf16 model must not pass through fp32's 89 GB) and draws
+    the same weights as an fp32 build rounded to it."""
+    from ssmspec.models import build_model
+
+    cfg = load_preset(name)
+    half = build_model(cfg, seed=5, dtype=torch.bfloat16)
+    full = build_model(cfg, seed=5, dtype=torch.float32).to(torch.bfloat16)
+    a, b = half.state_dict(), full.state_dict()
+    assert {t.dtype for t in a.values()} == {torch.bfloat16}
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ssmspec.bench import steps_replay
 from ssmspec.models.config import load_preset
@@ -47,3 +48,24 @@ def test_bad_settings_are_refused_before_running(cli, tmp_path, override, messag
     status, _, err = cli("run", *SMALL, "bench.presets=[tiny-mamba2]", override, f"results_dir={out}")
     assert status == 2 and message in err, err
     assert not out.exists()
+
+
+def test_a_size_whose_weights_run_out_of_memory_is_reported_not_a_crash(cli, tmp_path, monkeypatch):
+    """The plan can pass and the build still fail (other processes on the GPU): oom rows, and the run goes on."""
+    from ssmspec.bench import stree_sizes
+
+    real = stree_sizes.model_for
+
+    def model_for(cfg, preset, max_context):
+        if preset == "mamba2-130m":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 588.00 MiB.")
+        return real(cfg, preset, max_context)
+
+    monkeypatch.setattr(stree_sizes, "model_for", model_for)
+    out = tmp_path / "run"
+    status, _, err = cli("run", *SMALL, "bench.presets=[mamba2-130m,tiny-mamba2]", f"results_dir={out}")
+    assert status == 0, err
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    big = [r for r in rows if r["model"] == "mamba2-130m"]
+    assert len(big) == 3 and all(r["status"] == "oom" and "out of memory" in r["reason"] for r in big)
+    assert [r["status"] for r in rows if r["model"] == "tiny-mamba2"] == ["ok"] * 3

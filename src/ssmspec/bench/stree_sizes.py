@@ -22,9 +22,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
+import torch
 from omegaconf import DictConfig
 
 from ssmspec import config as C
+from ssmspec.bench.e2e import _is_oom
 from ssmspec.bench.steps import random_drafter, step_engine
 from ssmspec.bench.steps_fit import binary_tree
 from ssmspec.bench.steps_replay import forward_samples, model_for, point_fits, release
@@ -100,7 +102,16 @@ def run_stree_sizes(cfg: DictConfig) -> Iterator[dict]:
                 yield {**base, "line": line, "strategy": strategy, "tokens": n, "status": "skipped",
                        "reason": f"weights and caches need {fmt_bytes(need)} but {fmt_bytes(free)} are free"}
             continue
-        model = model_for(cfg, preset, T + steps * widest)
+        try:
+            model = model_for(cfg, preset, T + steps * widest)
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_oom(e):
+                raise
+            release(device)
+            for line, strategy, n in lines:
+                yield {**base, "line": line, "strategy": strategy, "tokens": n, "status": "oom",
+                       "reason": f"building the weights ran out of memory: {str(e).splitlines()[0]}"}
+            continue
         ar_ms = None
         for line, strategy, n in lines:
             eng = _engine(model, strategy, n, context=T, graph=graph, steps=steps)

@@ -124,9 +124,11 @@ class HybridLM(nn.Module):
 
 
 def build_model(cfg: ModelConfig, *, seed: int = 0, device="cpu", dtype=torch.float32) -> HybridLM:
-    """A HybridLM with seeded random weights, built directly on ``device`` in ``dtype``."""
+    """A HybridLM with seeded random weights, built directly on ``device`` in ``dtype``. The weights are
+    allocated in ``dtype`` (a 23B model in bf16 needs 45 GB, not fp32's 89 GB) and drawn in fp32 then rounded,
+    so they equal an fp32 build cast to ``dtype``."""
     with torch.device("meta"):
-        model = HybridLM(cfg)
+        model = HybridLM(cfg).to(dtype=dtype)
     model = model.to_empty(device=device)
     for block in model.layers:  # buffers are not touched by init_random
         if block.kind == "E" and cfg.moe_kind != "qwen":

@@ -69,7 +69,7 @@ def plot_stree_sizes(df: pd.DataFrame, out: Path) -> None:
     """STree Table 1: left, ms per model call vs parameters per line; right, overhead over autoregressive vs
     parameters, with the paper's numbers (RTX 3090) as open markers. Skipped sizes are named in the title."""
     rows = ok_rows(df)
-    skipped = sorted(set(df.loc[df["status"] == "skipped", "model"])) if "status" in df.columns else []
+    skipped = sorted(set(df.loc[df["status"] != "ok", "model"])) if "status" in df.columns else []
     fig, (ax, axr) = plt.subplots(1, 2, figsize=(11, 4))
     for k, (line, g) in enumerate(rows.groupby("line", sort=False)):
         g = g.sort_values("params")
