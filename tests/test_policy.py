@@ -1,55 +1,105 @@
-"""The step-cost model recovers a known cost surface, and the policy picks the known best setting."""
+"""The step-cost model recovers a known cost surface (knee included), its calibration reproduces measured steps
+and interpolates between them, and the policy picks the known best setting."""
 from __future__ import annotations
+
+import json
+import math
+import random
 
 import pytest
 
 from ssmspec.drafting.oracle import expected_accepted
-from ssmspec.policy import CostModel, Setting, candidates, fit, main, pick
+from ssmspec.policy import TERMS, CostModel, Setting, candidates, fit, main, pick
 
-TRUE = {"autoregressive": (2.0, 0.05, 0.0), "replay": (2.2, 0.04, 0.02), "snapshot": (2.1, 0.05, 0.09)}
+# t = a + a_L (L-1) + B (b + c (L-1) + d (D-1)) + e max(0, B L - N0)
+TRUE = {"autoregressive": dict(a=2.0, a_L=0.0, b=0.05, c=0.0, d=0.0, e=0.0, N0=None),
+        "replay": dict(a=2.2, a_L=0.05, b=0.04, c=0.01, d=0.02, e=0.004, N0=256.0),
+        "snapshot": dict(a=2.1, a_L=0.02, b=0.05, c=0.09, d=0.03, e=0.0, N0=None)}
+SD = [(2, 1), (4, 1), (2, 2), (4, 2), (6, 1)]
 
 
-def _points(noise: float = 0.0) -> list[dict]:
-    import random
+def _true_ms(strategy: str, B: int, S: int, D: int) -> float:
+    k, L = TRUE[strategy], 1 + S * D
+    knee = math.inf if k["N0"] is None else k["N0"]
+    return (k["a"] + k["a_L"] * (L - 1) + B * (k["b"] + k["c"] * (L - 1) + k["d"] * (D - 1))
+            + k["e"] * max(0.0, B * L - knee))
 
+
+def _points(noise: float = 0.0, batches=(1, 4, 16, 64, 128, 256)) -> list[dict]:
     rnd = random.Random(0)
     pts = []
-    for st, (a, b, c) in TRUE.items():
-        for B in (1, 4, 16, 64, 256):
-            for L in ((1,) if st == "autoregressive" else (2, 4, 7, 9)):
-                ms = (a + b * B + c * B * (L - 1)) * (1 + noise * rnd.uniform(-1, 1))
-                pts.append(dict(strategy=st, batch=B, tokens=L, ms=ms))
+    for st in TRUE:
+        for B in batches:
+            for S, D in ([(0, 1)] if st == "autoregressive" else SD):
+                ms = _true_ms(st, B, S, D) * (1 + noise * rnd.uniform(-1, 1))
+                pts.append(dict(strategy=st, batch=B, S=S, D=D, ms=ms))
     return pts
 
 
-def test_fit_recovers_the_surface_and_reports_small_residuals():
+def test_fit_recovers_the_surface_and_its_knee_and_reports_small_residuals():
     model = fit(_points())
-    for st, coef in TRUE.items():
-        assert model.coef[st] == pytest.approx(coef, abs=1e-9)
+    for st, k in TRUE.items():
+        got = model.coef[st]
+        assert [got[t] for t in TERMS] == pytest.approx([k[t] for t in TERMS], abs=1e-7), st
+        assert (got["N0"] is None) == (k["N0"] is None)  # a knee with no slope after it is no knee
+        assert got["N0"] is None or got["N0"] == pytest.approx(k["N0"], rel=1e-6)
         assert model.residual[st] < 1e-9
-    noisy = fit(_points(noise=0.05))
-    assert all(0 < r < 0.05 for r in noisy.residual.values())
-    assert noisy.coef["replay"] == pytest.approx(TRUE["replay"], rel=0.2)
+    noisy = fit(_points(noise=0.04))
+    assert all(0 < r < 0.04 for r in noisy.residual.values())
+    for S, D in SD:  # the noisy surface still predicts the true step within the noise
+        for B in (2, 32, 200):
+            assert noisy.step_ms(Setting("replay", S, D), B, calibrated=False) == pytest.approx(
+                _true_ms("replay", B, S, D), rel=0.06)
+
+
+def test_tokens_per_call_points_mean_one_chain():
+    """Points given as tokens per call (no S, D) are one chain of tokens - 1 drafts."""
+    pts = [dict(strategy=p["strategy"], batch=p["batch"], tokens=1 + p["S"], ms=p["ms"]) for p in _points()
+           if p["D"] == 1]
+    model = fit(pts)
+    assert model.step_ms(Setting("replay", 4, 1), 64) == pytest.approx(_true_ms("replay", 64, 4, 1))
+
+
+def test_calibration_reproduces_measured_steps_and_interpolates_in_log_batch():
+    # a surface the model cannot express (a bump at batch 16 for one setting) is met exactly where measured
+    pts = _points()
+    bump = Setting("replay", 4, 1)
+    for p in pts:
+        if (p["strategy"], p["S"], p["D"], p["batch"]) == ("replay", 4, 1, 16):
+            p["ms"] *= 1.3
+    model = fit(pts)
+    for p in pts:
+        s = Setting(p["strategy"], p["S"], p["D"])
+        assert model.step_ms(s, p["batch"]) == pytest.approx(p["ms"], rel=1e-9)
+    # between 4 and 16, the log-batch midpoint 8 takes the geometric mean of the two ratios
+    r4 = model.step_ms(bump, 4) / model.step_ms(bump, 4, calibrated=False)
+    r16 = model.step_ms(bump, 16) / model.step_ms(bump, 16, calibrated=False)
+    assert model.step_ms(bump, 8) / model.step_ms(bump, 8, calibrated=False) == pytest.approx(math.sqrt(r4 * r16))
+    # outside the measured batches the end ratio holds; an unmeasured setting is the surface alone
+    assert model.step_ms(bump, 1024) / model.step_ms(bump, 1024, calibrated=False) == pytest.approx(
+        model.step_ms(bump, 256) / model.step_ms(bump, 256, calibrated=False))
+    other = Setting("replay", 3, 1)
+    assert model.step_ms(other, 64) == model.step_ms(other, 64, calibrated=False)
 
 
 def test_policy_prefers_long_drafts_at_small_batch_and_standard_decoding_when_drafts_do_not_pay():
-    model = CostModel({k: v for k, v in TRUE.items()})
+    model = fit(_points())
     cands = candidates(sorted(TRUE), [1, 2, 4, 8], [1, 2])
     small, _ = pick(model, 1, 0.8, cands)
-    assert small.strategy == "replay" and small.S >= 4  # the step is the weight read: long drafts are free
+    assert small.strategy == "replay" and small.S >= 4  # the step is the weight read: long drafts are nearly free
     big, v = pick(model, 256, 0.8, cands)
     brute = max(cands, key=lambda s: model.tokens_per_s(s, 256, 0.8))
     assert big == brute and v == pytest.approx(model.tokens_per_s(brute, 256, 0.8))
     assert pick(model, 256, 0.0, cands)[0] == Setting("autoregressive")  # nothing accepted: speculation costs
     # the prediction uses the exact expected acceptance
     s = Setting("replay", 3, 2)
-    t = model.step_ms("replay", 16, s.tokens)
+    t = model.step_ms(s, 16)
     assert model.tokens_per_s(s, 16, 0.6) == pytest.approx(1000 * 16 * (1 + expected_accepted(0.6, draft_len=3,
                                                                                                num_drafts=2)) / t)
 
 
 def test_settings_that_do_not_fit_are_never_picked():
-    model = CostModel(dict(TRUE))
+    model = fit(_points())
     cands = candidates(sorted(TRUE), [4], [1])
     s, _ = pick(model, 1, 0.9, cands, fits=lambda st, B: st.strategy != "replay")
     assert s.strategy != "replay"
@@ -57,11 +107,24 @@ def test_settings_that_do_not_fit_are_never_picked():
         pick(model, 1, 0.9, cands, fits=lambda st, B: False)
 
 
-def test_policy_cli_reads_a_saved_fit(tmp_path, capsys):
+def test_policy_cli_reads_a_saved_fit_and_a_runs_measurements(tmp_path, capsys):
     path = tmp_path / "cost_model.json"
-    fit(_points()).save(path)
+    model = fit(_points())
+    model.save(path)
+    again = CostModel.load(path)
+    assert again.coef == model.coef and again.calibration == model.calibration
     assert main(["--fit", str(path), "--batch", "1", "256", "--alpha", "0.8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("batch 1: replay S=") and "batch 256:" in out and "tokens/s predicted" in out
+    assert "replay: a 2.2" in out and "knee N0 256 tokens a call" in out and "autoregressive: " in out
+    rows = [dict(kind="measure", phase=ph, status="ok", strategy=p["strategy"], batch=p["batch"], S=p["S"],
+                 D=p["D"], ms_p50=p["ms"] * (1.5 if ph == "eval" else 1.0)) for p in _points() for ph in ("fit", "eval")]
+    runs = tmp_path / "results.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refit = CostModel.load(runs)  # only the fit phase's measurements
+    assert refit.coef["replay"]["a"] == pytest.approx(TRUE["replay"]["a"])
     assert main(["--fit", str(tmp_path / "missing.json"), "--batch", "1", "--alpha", "0.8"]) == 2
     assert "python -m ssmspec run experiment=cost_model" in capsys.readouterr().out
+    runs.write_text(json.dumps(dict(kind="range", setting="policy")) + "\n")
+    assert main(["--fit", str(runs), "--batch", "1", "--alpha", "0.8"]) == 2
+    assert "no measured steps" in capsys.readouterr().out

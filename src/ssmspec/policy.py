@@ -1,33 +1,45 @@
 """A step-cost model fitted from measured decode steps, and a policy that picks the speculation method.
 
-Cost model (per strategy s): one engine step at batch B whose calls carry L tokens per sequence (pending token
-plus drafts; L = 1 for standard decoding) takes
+Cost model (per strategy s): one engine step at batch B whose calls carry L tokens per sequence (the pending
+token plus D draft chains of S tokens: L = 1 + D S; L = 1 for standard decoding) takes
 
-    t_s(B, L) = a_s + b_s B + c_s B (L - 1)        ms
+    t_s(B, L, D) = a + a_L (L - 1) + B (b + c (L - 1) + d (D - 1)) + e max(0, B L - N0)        ms
 
-a fixed part (launches, the weight read that dominates small batches), a per-sequence part (the state and KV
-traffic of one token) and a per-draft part (what each extra token of the verify call costs). The three
-coefficients are a least-squares fit to measured steps (``fit``), kept >= 0; ``CostModel.residual`` is the
-relative RMS error of the fit on its own points. With a stated acceptance the expected tokens a step emits per
-sequence are 1 + E[accepted] (``drafting.oracle.expected_accepted``: chains, the best of D chains), so the
-predicted throughput of a setting is
+- ``a``: launches and the weight read that dominates small batches;
+- ``a_L``: what an extra token costs the call whatever the batch (per-position work of the verify kernels);
+- ``b``, ``c``, ``d``: per sequence, the state and KV traffic of one token, of each extra token, and of each
+  extra draft chain (a chain reads or snapshots its own copy of the state);
+- ``e`` and the knee ``N0``: once a call carries more than N0 tokens the projections stop being bound by the
+  weight read and every further token costs compute (the roofline's knee).
 
-    tokens/s = 1000 B (1 + E[accepted]) / t_s(B, 1 + D S)
+``fit`` finds the coefficients by least squares on relative error (small batches weigh as much as large ones),
+all kept >= 0, and the knee by trying every measured B L; ``CostModel.residual`` is the relative RMS error on its
+own points. The model alone predicts any (B, S, D); where a setting was measured the prediction is calibrated by
+that setting's measured / predicted ratio, interpolated in log B between its measured batches (held at the ends),
+so the policy neither trusts a smooth curve over a measurement nor needs one at every batch.
+
+With a stated acceptance the expected tokens a step emits per sequence are 1 + E[accepted]
+(``drafting.oracle.expected_accepted``: chains, the best of D chains), so the predicted throughput of a setting is
+
+    tokens/s = 1000 B (1 + E[accepted]) / t_s(B, 1 + D S, D)
 
 ``pick`` maximises it over the candidate settings (strategy, S, D) at a batch size -- traffic-aware speculation
 (seed 001, section 4): longer and more drafts pay at small batches, where the step is bound by the weight read,
 and stop paying as the batch grows. ``python -m ssmspec policy --fit results/cost_model/<profile>/results.jsonl
---batch 1 64 256 --alpha 0.7`` prints the picks of the model the ``cost_model`` experiment fitted.
+--batch 1 64 256 --alpha 0.7`` refits the model from a ``cost_model`` run's measurements and prints the picks.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ssmspec.drafting.oracle import expected_accepted
+
+TERMS = ("a", "a_L", "b", "c", "d", "e")  # coefficients of t(B, L, D) in ms (module doc), then the knee N0
 
 
 @dataclass(frozen=True)
@@ -47,80 +59,143 @@ class Setting:
         return self.strategy if self.S == 0 else f"{self.strategy} S={self.S} D={self.D}"
 
 
+def _features(batch, tokens, drafts, knee: float) -> np.ndarray:
+    B, L, D = (np.asarray(v, dtype=float) for v in (batch, tokens, drafts))
+    return np.stack([np.ones_like(B), L - 1, B, B * (L - 1), B * (D - 1), np.maximum(0.0, B * L - knee)], axis=-1)
+
+
 @dataclass
 class CostModel:
-    """Per-strategy coefficients (a, b, c) of t(B, L) = a + b B + c B (L - 1), in ms (module doc)."""
+    """Per-strategy coefficients ``{a, a_L, b, c, d, e, N0}`` of t(B, L, D) in ms (module doc; N0 None: no knee
+    in the measured range), each fitted
+    setting's calibration ``[[batch, measured / model], ...]``, and each strategy's relative RMS residual."""
 
-    coef: dict[str, tuple[float, float, float]] = field(default_factory=dict)
-    residual: dict[str, float] = field(default_factory=dict)  # relative RMS error of each strategy's fit
+    coef: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    residual: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, list[list[float]]] = field(default_factory=dict)
 
-    def step_ms(self, strategy: str, batch: int, tokens: int) -> float:
+    def model_ms(self, strategy: str, batch: int, tokens: int, drafts: int = 1) -> float:
+        """The fitted surface alone."""
         if strategy not in self.coef:
             raise ValueError(f"the cost model has no fit for strategy {strategy!r}; fitted: {sorted(self.coef)}")
-        a, b, c = self.coef[strategy]
-        return a + b * batch + c * batch * (tokens - 1)
+        k = self.coef[strategy]
+        knee = k.get("N0")
+        x = _features(batch, tokens, drafts, math.inf if knee is None else knee)
+        return float(x @ np.array([k.get(t, 0.0) for t in TERMS]))
 
-    def tokens_per_s(self, setting: Setting, batch: int, alpha: float) -> float:
+    def step_ms(self, setting: Setting, batch: int, calibrated: bool = True) -> float:
+        """Predicted step time of ``setting`` at ``batch``: the surface, times the setting's measured / model
+        ratio interpolated in log B when it was measured (``calibrated``)."""
+        ms = self.model_ms(setting.strategy, batch, setting.tokens, setting.D if setting.S else 1)
+        cal = self.calibration.get(setting.label) if calibrated else None
+        if cal:
+            xs, ys = zip(*sorted(cal))
+            ms *= math.exp(float(np.interp(math.log(batch), np.log(xs), np.log(ys))))
+        return ms
+
+    def tokens_per_s(self, setting: Setting, batch: int, alpha: float, calibrated: bool = True) -> float:
         emitted = 1.0 + (expected_accepted(alpha, draft_len=setting.S, num_drafts=setting.D) if setting.S else 0.0)
-        return 1000.0 * batch * emitted / self.step_ms(setting.strategy, batch, setting.tokens)
+        return 1000.0 * batch * emitted / self.step_ms(setting, batch, calibrated)
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> "CostModel":
-        """From ``save``'s json, or from the ``kind: fit`` rows of a cost_model run's results.jsonl."""
+        """From ``save``'s json, or refitted from the measured steps (``kind: measure``, ``phase: fit``) of a
+        cost_model run's results.jsonl."""
         try:
             text = Path(path).read_text()
             if str(path).endswith(".jsonl"):
                 rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-                fits = [r for r in rows if r.get("kind") == "fit"]
-                if not fits:
-                    raise KeyError("no kind: fit rows")
-                return cls({r["strategy"]: (r["a"], r["b"], r["c"]) for r in fits},
-                           {r["strategy"]: r["residual"] for r in fits})
+                pts = [dict(strategy=r["strategy"], batch=r["batch"], S=r["S"], D=r["D"], ms=r["ms_p50"]) for r in rows
+                       if r.get("kind") == "measure" and r.get("phase") == "fit" and r.get("status") == "ok"]
+                if not pts:
+                    raise KeyError("no measured steps (kind: measure, phase: fit, status: ok)")
+                return fit(pts)
             data = json.loads(text)
-            return cls({k: tuple(v) for k, v in data["coef"].items()}, dict(data.get("residual", {})))
-        except (OSError, ValueError, KeyError) as e:
+            coef = {k: {t: None if v is None else float(v) for t, v in c.items()} for k, c in data["coef"].items()}
+            return cls(coef, dict(data.get("residual", {})), dict(data.get("calibration", {})))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a fitted cost model ({e}); give the results.jsonl of a cost_model run "
                              f"(python -m ssmspec run experiment=cost_model) or a CostModel.save() json") from e
 
 
+def _point_setting(p: dict) -> Setting:
+    """A measured point's setting: from S and D, or from tokens per call with one chain."""
+    if "S" in p and p["S"] is not None:
+        return Setting(str(p["strategy"]), int(p["S"]), int(p.get("D") or 1))
+    return Setting(str(p["strategy"]), int(p["tokens"]) - 1, 1)
+
+
+def _nnls(X: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares with every coefficient >= 0 (terms with a negative solution dropped and the rest
+    refitted; terms that never vary are left out)."""
+    active = [i for i in range(X.shape[1]) if i == 0 or np.ptp(X[:, i]) > 0]
+    while True:
+        sol, *_ = np.linalg.lstsq(X[:, active] * w[:, None], t * w, rcond=None)
+        if (sol >= 0).all() or len(active) == 1:
+            break
+        active = [i for i, v in zip(active, sol) if v >= 0] or [0]
+    coef = np.zeros(X.shape[1])
+    coef[active] = np.maximum(sol, 0.0)
+    return coef
+
+
 def fit(points: list[dict]) -> CostModel:
-    """Least squares of t = a + b B + c B (L - 1) per strategy over ``points`` (dicts with strategy, batch,
-    tokens, ms), coefficients clipped at 0 and refitted without the clipped terms."""
-    by: dict[str, list[dict]] = {}
+    """Fit the cost model per strategy over ``points`` (dicts with strategy, batch, ms, and S and D -- or tokens
+    per call for one chain): relative least squares, coefficients >= 0, the knee N0 the best of every measured B L
+    (or none), then each measured setting's calibration (module doc)."""
+    by: dict[str, list[tuple[Setting, float, float]]] = {}
     for p in points:
-        by.setdefault(str(p["strategy"]), []).append(p)
+        s = _point_setting(p)
+        by.setdefault(s.strategy, []).append((s, float(p["batch"]), float(p["ms"])))
     model = CostModel()
     for strategy, pts in by.items():
-        B = np.array([float(p["batch"]) for p in pts])
-        L = np.array([float(p["tokens"]) for p in pts])
-        t = np.array([float(p["ms"]) for p in pts])
-        X = np.stack([np.ones_like(B), B, B * (L - 1)], axis=1)
-        active = [0, 1, 2] if (L > 1).any() else [0, 1]
-        while True:
-            sol, *_ = np.linalg.lstsq(X[:, active], t, rcond=None)
-            if (sol >= 0).all() or len(active) == 1:
-                break
-            active = [i for i, v in zip(active, sol) if v >= 0] or [0]
-        coef = np.zeros(3)
-        coef[active] = np.maximum(sol, 0.0)
-        pred = X @ coef
-        model.coef[strategy] = tuple(float(v) for v in coef)
-        model.residual[strategy] = float(np.sqrt(np.mean(((pred - t) / t) ** 2)))
+        B = np.array([b for _, b, _ in pts])
+        L = np.array([float(s.tokens) for s, _, _ in pts])
+        D = np.array([float(s.D if s.S else 1) for s, _, _ in pts])
+        t = np.array([ms for _, _, ms in pts])
+        def attempt(knee: float) -> tuple[float, float, np.ndarray]:
+            X = _features(B, L, D, knee)
+            coef = _nnls(X, t, 1.0 / t)
+            return float(np.sqrt(np.mean(((X @ coef - t) / t) ** 2))), knee, coef
+
+        grid = sorted(set((B * L).tolist()))
+        flat = attempt(math.inf)
+        err, knee, coef = min((attempt(k) for k in [math.inf, *grid]), key=lambda r: r[0])
+        if knee != math.inf:  # the knee lies between measured calls: search the two gaps around the best one
+            i = grid.index(knee)
+            lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+            for _ in range(5):  # zoom: 65 tries, then the two steps around the best, five times
+                err, knee, coef = min([(err, knee, coef), *(attempt(float(k)) for k in np.linspace(lo, hi, 65))],
+                                      key=lambda r: r[0])
+                step = (hi - lo) / 64
+                lo, hi = max(lo, knee - step), min(hi, knee + step)
+        if err >= flat[0] - 1e-9:
+            err, knee, coef = flat  # a knee that does not fit better is no knee
+        model.coef[strategy] = {**{k: float(v) for k, v in zip(TERMS, coef)}, "N0": None if knee == math.inf else knee}
+        model.residual[strategy] = err
+    ratios: dict[str, dict[float, list[float]]] = {}
+    for strategy, pts in by.items():
+        for s, b, ms in pts:
+            ratios.setdefault(s.label, {}).setdefault(b, []).append(ms / model.model_ms(strategy, b, s.tokens,
+                                                                                          s.D if s.S else 1))
+    model.calibration = {label: [[b, float(np.exp(np.mean(np.log(r))))] for b, r in sorted(per.items())]
+                         for label, per in ratios.items()}
     return model
 
 
-def pick(model: CostModel, batch: int, alpha: float, candidates: list[Setting],
-         fits=None) -> tuple[Setting, float]:
+def pick(model: CostModel, batch: int, alpha: float, candidates: list[Setting], fits=None,
+         calibrated: bool = True) -> tuple[Setting, float]:
     """The candidate with the highest predicted tokens/s at ``batch`` and acceptance ``alpha`` (and its
-    prediction). ``fits(setting, batch) -> bool`` drops settings whose engine would not fit in memory."""
+    prediction). ``fits(setting, batch) -> bool`` drops settings whose engine would not fit in memory;
+    ``calibrated=False`` ranks by the fitted surface alone."""
     best = None
     for s in candidates:
         if fits is not None and not fits(s, batch):
             continue
-        v = model.tokens_per_s(s, batch, alpha)
+        v = model.tokens_per_s(s, batch, alpha, calibrated)
         if best is None or v > best[1]:
             best = (s, v)
     if best is None:
@@ -129,7 +204,8 @@ def pick(model: CostModel, batch: int, alpha: float, candidates: list[Setting],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ssmspec policy --fit <cost_model.json> --batch 64 --alpha 0.7``: the pick and its prediction."""
+    """``python -m ssmspec policy --fit <results.jsonl | cost_model.json> --batch 64 --alpha 0.7``: the pick and its
+    prediction per batch, then each strategy's fitted coefficients."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="ssmspec policy", description=main.__doc__)
@@ -147,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         for B in args.batch:
             s, v = pick(model, B, args.alpha, cands)
             print(f"batch {B}: {s.label} ({v:.0f} tokens/s predicted)")
+        for st in sorted(model.coef):
+            k = model.coef[st]
+            terms = ", ".join(f"{t} {k[t]:.4g}" for t in TERMS if k.get(t))
+            knee = "no knee" if k.get("N0") is None else f"knee N0 {k['N0']:g} tokens a call"
+            print(f"  {st}: {terms}, {knee}; residual {100 * model.residual[st]:.1f}%")
     except ValueError as e:
         print(f"error: {e}")
         return 2
