@@ -187,7 +187,8 @@ REPLAY = [  # (L, R, head, count, flush, scale); batch 2, ODD sizes
 
 
 FORMS = [pytest.param(torch.bfloat16, False, id="bf16-rows"), pytest.param(torch.float32, False, id="fp32-rows"),
-         pytest.param(torch.bfloat16, True, id="bf16-gemm")]  # gemm: the GEMM form of the state kernel
+         pytest.param(torch.bfloat16, True, id="bf16-gemm"),  # gemm: the GEMM form (tf32 for 16-bit inputs)
+         pytest.param(torch.float32, True, id="fp32-gemm")]  # ... tf32x3 for fp32 inputs
 
 
 @pytest.mark.parametrize("L,R,head,count,flush,scale", REPLAY)

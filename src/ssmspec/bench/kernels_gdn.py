@@ -9,7 +9,7 @@ Rows (impl):
 - ``replay`` (per R): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
   on the device) plus ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
   cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count
-  (``replay-gemm``: the GEMM form of the state kernel).
+  (``replay-rows``: the row form of the state kernel, beside the default GEMM form of 16-bit inputs).
 - Fig. 9 only: ``snapshot`` (``gdn_multistep_snapshot``: one state load, a state store per token -- the
   speculative baseline of seed 000, Alg. 7), ``fla_recurrent`` and ``fla_chunk`` (fla's fused recurrent and
   ``chunk_gated_delta_rule`` over the L tokens, initial state in, final state out: one store, not one per
@@ -218,8 +218,8 @@ def verify_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
     """Fig. 9 for GDN: verify of S drafts (L = 1 + S tokens) per S in ``bench.gdn_S`` (default ``bench.S``) and
     R in ``bench.gdn_R`` (default ``bench.R``; a smaller grid keeps the GPU run short): snapshot (ours), fla's
     fused recurrent and chunk kernels (one final state), replay per R >= L and accepted count 0..S, with the
-    one-token kernels (S = 0) as the unit; on CUDA, ``replay-gemm`` rows at R = ``bench.gdn_gemm_R`` (0: none)
-    time the GEMM form of the state kernel."""
+    one-token kernels (S = 0) as the unit; on CUDA, ``replay-rows`` rows at R = ``bench.gdn_rows_R`` (0: none)
+    time the row form of the state kernel (rank-1 fold, column reductions) beside the default GEMM form."""
     fla, chunk, why = fla_ops()
     act = ctx.dtype.itemsize
     S_list, R_list = b.get("gdn_S", None) or b.S, b.get("gdn_R", None) or b.R
@@ -253,8 +253,8 @@ def verify_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
                                     impl=impl, S=S, L=L)
                     del st
                 runs = [("replay", int(R), {}) for R in R_list]
-                if ctx.cuda and b.get("gdn_gemm_R", 0):
-                    runs.append(("replay-gemm", int(b.gdn_gemm_R), dict(gemm=True)))
+                if ctx.cuda and b.get("gdn_rows_R", 0):
+                    runs.append(("replay-rows", int(b.gdn_rows_R), dict(gemm=False)))
                 for impl, R, blocks in runs:
                     if R < L:
                         continue

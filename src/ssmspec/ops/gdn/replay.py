@@ -67,12 +67,14 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
                  S_b, S_h, S_n, S_p, rk_b, rk_r, rk_g, rk_n, ru_b, ru_r, ru_h, ru_p, rg_b, rg_r, rg_h,
                  q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p, g_b, g_l, g_h, be_b, be_l, be_h,
                  y_b, y_l, y_h, y_p,
-                 HAS_FLUSH: tl.constexpr, GEMM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
-    """Default: token by token, two column reductions of the tile per token (S0ᵀk_s, S0ᵀq_s) and one step of
-    forward substitution. GEMM (``gemm=True``, BLOCK_L, BLOCK_R >= 16): every term of Alg. 8 as a GEMM --
-    [K; Q]·S0 on tensor cores (tf32x3, fp32-accurate), T = (I + A)⁻¹ by substitution on the L x L block,
-    U = T·R, y from three small fp32 GEMMs."""
+                 HAS_FLUSH: tl.constexpr, GEMM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
+    """Row form: token by token, two column reductions of the tile per token (S0ᵀk_s, S0ᵀq_s) and one step of
+    forward substitution; the fold one rank-1 update per committed entry. GEMM (BLOCK_L, BLOCK_R >= 16): the
+    fold as one GEMM over the committed window and every term of Alg. 8 as a GEMM -- [K; Q]·S0 on tensor
+    cores at ``PRECISION`` (tf32x3: fp32-accurate; tf32: one pass, the tile rounded to a 10-bit mantissa),
+    T = (I + A)⁻¹ by substitution on the L x L block, U = T·R and y from small fp32 GEMMs -- so neither the
+    fold nor the readout grows with the number of tokens folded or read."""
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -87,7 +89,20 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
     mask = mask_n[:, None] & mask_p[None, :]
     s_ptrs = S_ptr + b * S_b + h * S_h + offs_n[:, None] * S_n + offs_p[None, :] * S_p
     S = tl.load(s_ptrs, mask=mask, other=0.0)  # (BLOCK_N, BLOCK_P) checkpoint tile, the one state load
-    if f * c0 > 0:  # flush with a non-empty ring: S0 <- exp(g_j)·S0 + k_j u_jᵀ over the committed entries
+    if f * c0 > 0 and GEMM:  # S0 <- exp(Σg)·S0 + (Kᵀ ∘ w) U over the committed entries, w_j = exp(Σg − cum_j)
+        offs_o = tl.arange(0, BLOCK_R)
+        old = _ring_slots(h0, offs_o, R)
+        alive = offs_o < c0
+        go = tl.load(rg_ptr + b * rg_b + old * rg_r + h * rg_h, mask=alive, other=0.0)  # (BLOCK_R,)
+        tot = tl.sum(go, axis=0)
+        wo = tl.where(alive, tl.exp(tot - tl.cumsum(go, axis=0)), 0.0)
+        KoT = tl.load(rk_ptr + b * rk_b + old[None, :] * rk_r + grp * rk_g + offs_n[:, None] * rk_n,
+                      mask=alive[None, :] & mask_n[:, None], other=0.0).to(tl.float32)  # (BLOCK_N, BLOCK_R)
+        Uo = tl.load(ru_ptr + b * ru_b + old[:, None] * ru_r + h * ru_h + offs_p[None, :] * ru_p,
+                     mask=alive[:, None] & mask_p[None, :], other=0.0).to(tl.float32)  # (BLOCK_R, BLOCK_P)
+        S = tl.exp(tot) * S + tl.dot(KoT * wo[None, :], Uo, input_precision=PRECISION)
+        tl.store(s_ptrs, S, mask=mask)
+    elif f * c0 > 0:  # flush with a non-empty ring: S0 <- exp(g_j)·S0 + k_j u_jᵀ over the committed entries
         for j in range(0, c0):
             slot = (h0 + j) % R
             gj = tl.load(rg_ptr + b * rg_b + slot * rg_r + h * rg_h)
@@ -111,7 +126,7 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
     base_r = (b * G + grp) * L * R
     base_n = (b * G + grp) * L * L
     if GEMM:
-        _solve_gemm(S, Ur, live, cumr, gam, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
+        _solve_gemm(S, Ur, live, cumr, gam, PRECISION, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
                     y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n,
                     mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
                     be_b, be_l, be_h, y_b, y_l, y_h, y_p)
@@ -145,7 +160,7 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
 
 
 @triton.jit
-def _solve_gemm(S, Ur, live, cumr, gam, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
+def _solve_gemm(S, Ur, live, cumr, gam, PRECISION: tl.constexpr, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
                 y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n, mask_p,
                 ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
                 be_b, be_l, be_h, y_b, y_l, y_h, y_p):
@@ -156,8 +171,8 @@ def _solve_gemm(S, Ur, live, cumr, gam, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, k
                  other=0.0).to(tl.float32)  # (BLOCK_L, BLOCK_N)
     Qn = tl.load(q_ptr + b * q_b + offs_l[:, None] * q_l + grp * q_g + offs_n[None, :] * q_n, mask=m_ln,
                  other=0.0).to(tl.float32)
-    HK = tl.dot(Kn, S, input_precision="tf32x3")  # (BLOCK_L, BLOCK_P) S0ᵀk_s per row
-    HQ = tl.dot(Qn, S, input_precision="tf32x3")
+    HK = tl.dot(Kn, S, input_precision=PRECISION)  # (BLOCK_L, BLOCK_P) S0ᵀk_s per row
+    HQ = tl.dot(Qn, S, input_precision=PRECISION)
     m_lp = mask_l[:, None] & mask_p[None, :]
     V = tl.load(v_ptr + b * v_b + offs_l[:, None] * v_l + h * v_h + offs_p[None, :] * v_p, mask=m_lp,
                 other=0.0).to(tl.float32)
@@ -216,21 +231,32 @@ def _append_kernel(rk_ptr, rg_ptr, head_ptr, count_ptr, win_ptr, k_ptr, g_ptr, L
 
 def _main_blocks(N: int, P: int, L: int, gemm: bool) -> tuple[int, int]:
     """(BLOCK_P, num_warps) of the state kernel, by hand (it writes S0 in place on flush steps: never
-    autotuned; the ``sweep`` rows of bench/kernels_gdn.py time the alternatives). Decode is a streaming read of
-    the checkpoint: 32 columns x N = 128 is 16 KB of fp32 state a program at 4 warps. Verify adds two
-    column reductions over N per token on the same tile; two warps keep them short. The GEMM form needs
-    BLOCK_P >= 16 and four warps for the tensor-core tiles."""
-    bp = max(16 if gemm else 8, min(64, 4096 // triton.next_power_of_2(N)))
-    return min(bp, max(16 if gemm else 8, triton.next_power_of_2(P))), (4 if L <= 1 or gemm else 2)
+    autotuned). Measured on an H100, Qwen3.5-4B mixer (N = P = 128), batch 256, the replay steady state of
+    bench/kernels_gdn.py (one sweep; the ``sweep`` rows of replay_fig7_buffer re-time the decode launches and
+    the ``replay-rows`` rows of replay_fig9_verify_cost the row form):
+    - decode (L = 1, the row form): 16 columns x N = 128 (8 KB of fp32 state) at 4 warps, 317 / 342 us at R =
+      16 / 32, against 323 / 367 at 32 columns and 455 / 500 at 64 columns x 8 warps;
+    - verify of L = 7 in the GEMM form (tf32), 0..6 accepted: 64 columns at 4 warps 554-694 us, 32 x 4
+      681-838, 64 x 8 699-1138, 128 x 8 727-971, 16 x 4 1358-1537; the row form (32 x 2) 898-1251.
+    The GEMM form needs BLOCK_P >= 16."""
+    if gemm and L > 1:
+        return min(64, max(16, triton.next_power_of_2(P))), 4
+    bp = 16 if N >= 64 else 32
+    return min(bp, max(8, triton.next_power_of_2(P))), (4 if L <= 1 else 2)
 
 
 def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, head: Tensor, count: Tensor,
                              q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, scale: float | None = None,
                              flush: Tensor | None = None, block_p: int | None = None,
-                             num_warps: int | None = None, gemm: bool = False) -> Tensor:
+                             num_warps: int | None = None, gemm: bool | None = None,
+                             precision: str | None = None) -> Tensor:
     """Triton form of ``gdn_replay_verify`` (see ``ssmspec.ops.gdn``); ``block_p`` / ``num_warps`` override
-    the hand-picked launch of the state kernel and ``gemm=True`` runs its multi-token readout as GEMMs
-    (benchmark rows ``replay-gemm``; single-token calls always take the row form)."""
+    the hand-picked launch of the state kernel. ``gemm`` picks the state kernel's form for multi-token calls
+    (single-token calls always take the row form): True runs the fold and the readout as GEMMs, False as
+    rank-1 updates and column reductions; None (default) takes the GEMM form for 16-bit inputs.
+    ``precision`` is the tl.dot input precision of the GEMMs on the state tile: default tf32 for 16-bit
+    inputs (a 10-bit mantissa, 8x finer than the bf16 activations; fla's chunk kernels multiply the state in
+    bf16) and tf32x3 (fp32-accurate) for fp32 inputs."""
     bsz, L, H, P, G, N, R = check_replay_args(S0, ring_k, ring_u, ring_g, head, count, q, k, v, g, beta, flush)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("ring_k", ring_k), ("ring_u", ring_u)):
         check_float(name, t)
@@ -243,7 +269,12 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     y = torch.empty_like(v)
     flag = flush if flush is not None else count  # bool is read as int1; None: the rule, decided in-kernel
     has_flush = flush is not None
-    gemm = bool(gemm) and L >= 2
+    half = v.dtype in (torch.bfloat16, torch.float16)
+    gemm = (half if gemm is None else bool(gemm)) and L >= 2
+    if precision is None:
+        precision = "tf32" if half else "tf32x3"
+    if precision not in ("tf32", "tf32x3", "ieee"):
+        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     BR = max(16 if gemm else 2, triton.next_power_of_2(R))  # tl.dot needs >= 16 on every dimension
     BL = max(16 if gemm else 2, triton.next_power_of_2(L))
     BN = max(16, triton.next_power_of_2(N))
@@ -257,7 +288,8 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
         default_scale(scale, N), L, R, N, P, H // G,
         *S0.stride(), *ring_k.stride(), *ring_u.stride(), *ring_g.stride(), *q.stride(), *k.stride(), *v.stride(),
         *g.stride(), *beta.stride(), *y.stride(),
-        HAS_FLUSH=has_flush, GEMM=gemm, BLOCK_N=BN, BLOCK_P=bp, BLOCK_R=BR, BLOCK_L=BL, num_warps=nw)
+        HAS_FLUSH=has_flush, GEMM=gemm, PRECISION=precision, BLOCK_N=BN, BLOCK_P=bp, BLOCK_R=BR, BLOCK_L=BL,
+        num_warps=nw)
     _append_kernel[(bsz, L)](ring_k, ring_g, head, count, win, k, g, L, R, H, G, N,
                              *ring_k.stride(), *ring_g.stride(), *k.stride(), *g.stride(),
                              BLOCK=1024, BLOCK_H=max(2, triton.next_power_of_2(H)), num_warps=4)
