@@ -237,12 +237,14 @@ def _main_blocks(N: int, P: int, L: int, gemm: bool) -> tuple[int, int]:
     - decode (L = 1, the row form): 16 columns x N = 128 (8 KB of fp32 state) at 4 warps, 317 / 342 us at R =
       16 / 32, against 323 / 367 at 32 columns and 455 / 500 at 64 columns x 8 warps;
     - verify of L = 7 in the GEMM form (tf32), 0..6 accepted: 64 columns at 4 warps 554-694 us, 32 x 4
-      681-838, 64 x 8 699-1138, 128 x 8 727-971, 16 x 4 1358-1537; the row form (32 x 2) 898-1251.
+      681-838, 64 x 8 699-1138, 128 x 8 727-971, 16 x 4 1358-1537; the row form at 32 columns x 2 warps
+      898-1251 (at 16 x 2: 1.5x slower still; two column reductions per token want the wider tile).
     The GEMM form needs BLOCK_P >= 16."""
     if gemm and L > 1:
         return min(64, max(16, triton.next_power_of_2(P))), 4
-    bp = 16 if N >= 64 else 32
-    return min(bp, max(8, triton.next_power_of_2(P))), (4 if L <= 1 else 2)
+    if L > 1:  # the row form of a multi-token call
+        return min(max(8, 4096 // triton.next_power_of_2(N)), 64, max(8, triton.next_power_of_2(P))), 2
+    return min(16 if N >= 64 else 32, max(8, triton.next_power_of_2(P))), 4
 
 
 def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, head: Tensor, count: Tensor,
