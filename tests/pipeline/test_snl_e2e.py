@@ -222,3 +222,26 @@ def test_bad_settings_end_in_one_message(cli, tmp_path, data_dir, argv, message)
     status, _, err = cli("run", *argv, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err
     assert not (tmp_path / "run").exists()
+
+
+FIG8 = ["experiment=replay_fig8_throughput", "profile=cpu", "bench.warmup=0", "bench.iters=3", "bench.batch=[3]",
+        "bench.prompt_len=64", "bench.snapshot_S=[2]", "bench.replay_S=[2]"]
+
+
+def test_fig8_on_a_checkpoint_drafts_with_png_on_the_prompt_set(cli, tmp_path, data_dir):
+    """replay_fig8_throughput with checkpoint=: the real PNG drafter on the checkpoint's tokens of data=, the
+    acceptance measured; a batch larger than the set cycles through it; a set not on disk is skipped rows."""
+    ckpt = _checkpoint_with_tokenizer(tmp_path / "ckpt")
+    rows = run_rows(cli, tmp_path / "a", FIG8, "data=mtbench", f"checkpoint={ckpt}", plot=False)
+    assert [r["line"] for r in rows] == ["autoregressive", "replay", "snapshot spec S=2", "replay spec S=2"]
+    for r in rows:
+        assert r["status"] == "ok" and r["model"] == "ckpt" and r["set"] == "mtbench"
+        assert r["prompt_len_max"] == len(f"User: {QUESTION}\nAssistant:".encode()) - 3  # its tokenizer's count
+        assert sum(r["accepted_hist"].values()) == 3 * r["batch"]  # every timed step of every sequence
+        if r["S"]:
+            assert r["drafter"] == "png" and r["acceptance"] == "measured" and r["alpha"] is None
+            assert r["expected_accepted"] is None and r["ngram"] == 3 and r["oracle"] is None
+    rows = run_rows(cli, tmp_path / "b", FIG8, "data=gsm8k", f"checkpoint={ckpt}", plot=False)
+    assert {r["status"] for r in rows} == {"skipped"} and all("ssmspec.data.fetch" in r["reason"] for r in rows)
+    status, _, err = cli("run", *FIG8, f"checkpoint={ckpt}", "bench.drafter=ngrams", f"results_dir={tmp_path / 'c'}")
+    assert status != 0 and "bench.drafter is one of auto, oracle, png" in err

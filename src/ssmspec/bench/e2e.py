@@ -33,6 +33,13 @@ and a real out-of-memory error is a ``status: oom`` row -- both are where a curv
 
 The oracle costs almost nothing to draft; the paper's MTP heads cost one extra layer per draft token, so
 these lines are an upper bound on what a real drafter at the same acceptance gives.
+
+On a checkpoint (``checkpoint=``; ``bench.drafter: auto`` picks ``png`` there, ``oracle`` on random weights)
+the speculative lines draft with the real prompt n-gram drafter (PNG(S, 1), ``drafting/png.py``) on the
+prompts of ``data=`` (a prompt set on disk, e.g. ``data=mtbench``; ``data=synthetic`` keeps random tokens).
+Each prompt is tokenised by the checkpoint's tokenizer and cut to its last ``bench.prompt_len`` tokens, so
+every batch point prefills the same width; a batch larger than the set cycles through it. Rows then say
+``acceptance: measured`` and ``drafter: png``, and the accepted counts are what the drafter earned.
 """
 from __future__ import annotations
 
@@ -47,6 +54,7 @@ from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps import step_row
 from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.drafting.oracle import Oracle
+from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
 from ssmspec.engine.memory import HEADROOM, fmt_bytes, free_bytes, plan_bytes
@@ -128,8 +136,10 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
 
 
-def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_alpha: float, **fields) -> dict:
-    """Time the engine's steps; one tidy row with tokens/s from the reports' accepted counts."""
+def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_alpha: float | None,
+                   **fields) -> dict:
+    """Time the engine's steps; one tidy row with tokens/s from the reports' accepted counts
+    (``oracle_alpha`` None: a real drafter, the acceptance is measured)."""
     row = step_row(eng, warmup=warmup, iters=iters, **fields)
     if bool(eng.step.done.any()):  # a finished sequence emits nothing: the accepted + 1 count would lie
         raise RuntimeError("a sequence finished inside the timed steps; the engine's budget is too small (bug)")
@@ -138,10 +148,45 @@ def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_al
     S = eng.spec.draft_len
     row.update(status="ok", tokens_emitted=emitted, tokens_per_s=emitted / seconds,
                tokens_per_step=emitted / (len(eng.accepted) * eng.step.batch),
-               acceptance="oracle" if S else "none", alpha=oracle_alpha if S else None,
-               expected_accepted=expected_accepted(oracle_alpha, S) if S else 0.0,
+               acceptance=("oracle" if oracle_alpha is not None else "measured") if S else "none",
+               alpha=oracle_alpha if S else None,
+               expected_accepted=(expected_accepted(oracle_alpha, S) if oracle_alpha is not None else None)
+               if S else 0.0,
                ref_match=ref_match(eng, reference) if reference is not None else None)
     return row
+
+
+DRAFTERS = ("auto", "oracle", "png")
+
+
+def fig8_drafter(cfg: DictConfig) -> str:
+    """``bench.drafter``: auto (png with ``checkpoint=``, oracle on random weights), oracle or png."""
+    kind = str(cfg.bench.get("drafter", "auto"))
+    if kind not in DRAFTERS:
+        raise ValueError(f"replay_fig8_throughput: bench.drafter is one of {', '.join(DRAFTERS)}, got {kind!r}")
+    return ("png" if cfg.get("checkpoint") else "oracle") if kind == "auto" else kind
+
+
+def prompt_batch(cfg: DictConfig, model, bsz: int, width: int) -> tuple[str, list[list[int]]] | tuple[str, None]:
+    """(set name, ``bsz`` token lists of the first prompt set of ``data=`` on disk, each cut to its last
+    ``width`` tokens, cycling through the set); (reason, None) where no set is on disk."""
+    from ssmspec.bench.e2e_snl import load_sets  # e2e_snl imports this module
+    from ssmspec.data.tokenizers import load_tokenizer
+    sets = load_sets(cfg, load_tokenizer(model), model.cfg.vocab_size)
+    for ps in sets:
+        if ps.reason is None:
+            return ps.name, [ps.prompts[i % len(ps.prompts)][-width:] for i in range(bsz)]
+    return "; ".join(str(ps.reason) for ps in sets) or "data= names no prompt set", None
+
+
+def _models(cfg: DictConfig, b: DictConfig, room: int) -> Iterator[tuple[str, object]]:
+    """(label, model) per preset, one at a time; a checkpoint replaces the presets."""
+    if cfg.get("checkpoint"):
+        model = C.make_model(cfg, max_seq_len=room)
+        yield model.cfg.name, model
+        return
+    for preset in b.presets:
+        yield str(preset), model_for(cfg, str(preset), room)
 
 
 def run_fig8(cfg: DictConfig) -> Iterator[dict]:
@@ -152,30 +197,46 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
     graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
     warmup, iters, Tp, R, alpha = int(b.warmup), int(b.iters), int(b.prompt_len), int(b.R), float(b.alpha)
     forced = oracle_forced(b)
+    kind = fig8_drafter(cfg)
+    oracle = kind == "oracle"
     H = horizon(b)
     seed, min_tok = int(cfg.data.get("seed", 0)), int(cfg.data.get("min_token_id", 3))
-    for preset in b.presets:
-        model = model_for(cfg, preset, Tp + H + 16)
+    for preset, model in _models(cfg, b, Tp + H + 16):
         V = model.cfg.vocab_size
+        pset, sample = ("synthetic", None)
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
             ids = valid = prompts = None  # made once the first line of this batch fits
+            if not oracle and str(cfg.data.get("name", "")) != "synthetic":
+                pset, sample = prompt_batch(cfg, model, bsz, Tp)
             reference, ref_error = None, None
             for label, strategy, S in lines(b):
                 spec = SpecConfig(draft_len=S, buffer_size=R)
                 base = dict(model=preset, line=label, strategy=strategy, S=S, batch=bsz, prompt_len=Tp,
                             R=R if strategy == "replay" else None, dtype=C.dtype_name(model.dtype),
-                            acceptance="oracle" if S else "none", alpha=alpha if S else None,
-                            oracle=("forced" if forced else "compare") if S else None)
+                            drafter=kind if S else "none",
+                            acceptance=("oracle" if oracle else "measured") if S else "none",
+                            alpha=alpha if S and oracle else None,
+                            oracle=("forced" if forced else "compare") if S and oracle else None)
+                if not oracle:
+                    base.update(set=pset, ngram=int(b.get("ngram", 3)) if S else None,
+                                prompt_len_max=max(map(len, sample)) if sample is not None else Tp)
+                    if sample is None and str(cfg.data.get("name", "")) != "synthetic":
+                        yield {**base, "status": "skipped", "reason": pset}
+                        continue
                 fit, need, free = plan_point(model, strategy, batch=bsz, prompt_len=Tp, new_tokens=H, spec=spec)
                 if not fit:
                     yield {**base, "status": "skipped", "planned_bytes": need,
                            "reason": f"needs {fmt_bytes(need)} beside the weights but {fmt_bytes(free)} are free "
                                      f"(at most {HEADROOM:.0%} used)"}
                     continue
-                if ids is None:
+                if ids is None and sample is not None:  # prompt-set tokens, left-padded to Tp
+                    from ssmspec.bench.e2e_snl import pad_group
+                    ids, valid = pad_group(sample, Tp, model.cfg.pad_token_id, device)
+                    prompts = sample
+                elif ids is None:
                     ids = synthetic_prompts(bsz, Tp, V, seed=seed, min_token_id=min_tok, device=device)
                     valid, prompts = torch.ones_like(ids, dtype=torch.bool), ids.tolist()
-                if S and reference is None and ref_error is None:
+                if S and oracle and reference is None and ref_error is None:
                     try:  # the target's own greedy continuation, once per (model, batch): the oracle's truth
                         reference = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",
                                              cuda_graph=graph).sequences
@@ -184,20 +245,23 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                             raise
                         ref_error = str(e).splitlines()[0]
                     release(device)
-                if S and reference is None:
+                if S and oracle and reference is None:
                     yield {**base, "status": "oom", "reason": f"reference run out of memory: {ref_error}"}
                     continue
                 eng = None
                 try:
                     drafter = None
-                    if S:
+                    if S and oracle:
                         drafter = Oracle(p=alpha, draft_len=S, reference=reference, vocab_size=V,
                                          seed=int(cfg.seed), forced=forced)
+                    elif S:
+                        drafter = PromptNgram(ngram=int(b.get("ngram", 3)), num_drafts=1, draft_len=S)
                     eng = Engine(model, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=spec, cuda_graph=graph)
-                    eng.prefill(ids, valid)
-                    row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference if S else None,
-                                         oracle_alpha=alpha, **base, planned_bytes=need)
+                    eng.prefill(ids, valid, prompts)
+                    row = throughput_row(eng, warmup=warmup, iters=iters,
+                                         reference=reference if S and oracle else None,
+                                         oracle_alpha=alpha if oracle else None, **base, planned_bytes=need)
                 except (torch.OutOfMemoryError, RuntimeError) as e:
                     if not _is_oom(e):
                         raise
