@@ -167,15 +167,15 @@ def fig8_drafter(cfg: DictConfig) -> str:
     return ("png" if cfg.get("checkpoint") else "oracle") if kind == "auto" else kind
 
 
-def prompt_batch(cfg: DictConfig, model, bsz: int, width: int) -> tuple[str, list[list[int]]] | tuple[str, None]:
-    """(set name, ``bsz`` token lists of the first prompt set of ``data=`` on disk, each cut to its last
-    ``width`` tokens, cycling through the set); (reason, None) where no set is on disk."""
+def prompt_set(cfg: DictConfig, model) -> tuple[str, list[list[int]] | None]:
+    """(name, token lists) of the first prompt set of ``data=`` on disk, tokenised by the model's tokenizer;
+    (why not, None) where none is."""
     from ssmspec.bench.e2e_snl import load_sets  # e2e_snl imports this module
     from ssmspec.data.tokenizers import load_tokenizer
     sets = load_sets(cfg, load_tokenizer(model), model.cfg.vocab_size)
     for ps in sets:
         if ps.reason is None:
-            return ps.name, [ps.prompts[i % len(ps.prompts)][-width:] for i in range(bsz)]
+            return ps.name, ps.prompts
     return "; ".join(str(ps.reason) for ps in sets) or "data= names no prompt set", None
 
 
@@ -203,11 +203,12 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
     seed, min_tok = int(cfg.data.get("seed", 0)), int(cfg.data.get("min_token_id", 3))
     for preset, model in _models(cfg, b, Tp + H + 16):
         V = model.cfg.vocab_size
-        pset, sample = ("synthetic", None)
+        real_set = not oracle and str(cfg.data.get("name", "")) != "synthetic"
+        pset, texts = prompt_set(cfg, model) if real_set else ("synthetic", None)
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
             ids = valid = prompts = None  # made once the first line of this batch fits
-            if not oracle and str(cfg.data.get("name", "")) != "synthetic":
-                pset, sample = prompt_batch(cfg, model, bsz, Tp)
+            # a batch of the set's prompts, each cut to its last Tp tokens, cycling through the set
+            sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)] if texts else None
             reference, ref_error = None, None
             for label, strategy, S in lines(b):
                 spec = SpecConfig(draft_len=S, buffer_size=R)
@@ -220,7 +221,7 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                 if not oracle:
                     base.update(set=pset, ngram=int(b.get("ngram", 3)) if S else None,
                                 prompt_len_max=max(map(len, sample)) if sample is not None else Tp)
-                    if sample is None and str(cfg.data.get("name", "")) != "synthetic":
+                    if sample is None and real_set:
                         yield {**base, "status": "skipped", "reason": pset}
                         continue
                 fit, need, free = plan_point(model, strategy, batch=bsz, prompt_len=Tp, new_tokens=H, spec=spec)

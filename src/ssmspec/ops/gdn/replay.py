@@ -126,10 +126,10 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
     base_r = (b * G + grp) * L * R
     base_n = (b * G + grp) * L * L
     if GEMM:
-        _solve_gemm(S, Ur, live, cumr, gam, PRECISION, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
-                    y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n,
-                    mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
-                    be_b, be_l, be_h, y_b, y_l, y_h, y_p)
+        _solve_gemm(S, Ur, live, cumr, gam, PRECISION, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr,
+                    kkn_ptr, kqn_ptr, y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p,
+                    offs_r, offs_l, mask_n, mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n,
+                    v_b, v_l, v_h, v_p, be_b, be_l, be_h, y_b, y_l, y_h, y_p)
     else:  # token by token
         U = tl.zeros([BLOCK_L, BLOCK_P], dtype=tl.float32)  # rows t < s: the corrections solved so far
         for s in range(0, L):
@@ -160,10 +160,10 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
 
 
 @triton.jit
-def _solve_gemm(S, Ur, live, cumr, gam, PRECISION: tl.constexpr, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr, kqr_ptr, kkn_ptr, kqn_ptr,
-                y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p, offs_r, offs_l, mask_n, mask_p,
-                ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
-                be_b, be_l, be_h, y_b, y_l, y_h, y_p):
+def _solve_gemm(S, Ur, live, cumr, gam, PRECISION: tl.constexpr, ru_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, kkr_ptr,
+                kqr_ptr, kkn_ptr, kqn_ptr, y_ptr, scale, b, h, grp, hd, c, L, R, base_r, base_n, offs_n, offs_p,
+                offs_r, offs_l, mask_n, mask_p, ru_b, ru_r, ru_h, ru_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n,
+                v_b, v_l, v_h, v_p, be_b, be_l, be_h, y_b, y_l, y_h, y_p):
     """The GEMM form of the readout of all L tokens (seed 000, Alg. 8) on this program's columns."""
     mask_l = offs_l < L
     m_ln = mask_l[:, None] & mask_n[None, :]
@@ -238,7 +238,7 @@ def _main_blocks(N: int, P: int, L: int, gemm: bool) -> tuple[int, int]:
       16 / 32, against 323 / 367 at 32 columns and 455 / 500 at 64 columns x 8 warps;
     - verify of L = 7 in the GEMM form (tf32), 0..6 accepted: 64 columns at 4 warps 554-694 us, 32 x 4
       681-838, 64 x 8 699-1138, 128 x 8 727-971, 16 x 4 1358-1537; the row form at 32 columns x 2 warps
-      898-1251 (at 16 x 2: 1.5x slower still; two column reductions per token want the wider tile).
+      898-1251 (at 16 x 2 about 1.45x slower still).
     The GEMM form needs BLOCK_P >= 16."""
     if gemm and L > 1:
         return min(64, max(16, triton.next_power_of_2(P))), 4
