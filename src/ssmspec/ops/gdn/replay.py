@@ -114,7 +114,9 @@ def _main_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr, 
                          other=0.0).to(tl.float32)  # (BLOCK_P,)
             S = S * tl.exp(gj) + kj[:, None] * uj[None, :]
         tl.store(s_ptrs, S, mask=mask)
-    # the committed window after the flush: gates, their prefix sums, this program's columns of u
+    # the committed window after the flush: gates, their prefix sums, this program's columns of u (loaded after
+    # the state tile: issued before it, to overlap the latencies, they measured 1.2-1.3x slower on an H100 --
+    # decode 286 -> 366 us, verify 504 -> 595 us at batch 256 -- their registers held across the tile's load)
     offs_r = tl.arange(0, BLOCK_R)
     live = offs_r < c
     slots = _ring_slots(hd, offs_r, R)
