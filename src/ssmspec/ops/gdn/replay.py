@@ -259,7 +259,8 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     """Triton form of ``gdn_replay_verify`` (see ``ssmspec.ops.gdn``); ``block_p`` / ``num_warps`` override
     the hand-picked launch of the state kernel. ``gemm`` picks the state kernel's form for multi-token calls
     (single-token calls always take the row form): True runs the fold and the readout as GEMMs, False as
-    rank-1 updates and column reductions; None (default) takes the GEMM form for 16-bit inputs.
+    rank-1 updates and column reductions; None (default) takes the GEMM form for 16-bit inputs of 3 or more
+    tokens.
     ``precision`` is the tl.dot input precision of the GEMMs on the state tile: default tf32 for 16-bit
     inputs (a 10-bit mantissa, 8x finer than the bf16 activations; fla's chunk kernels multiply the state in
     bf16) and tf32x3 (fp32-accurate) for fp32 inputs."""
@@ -276,7 +277,10 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     flag = flush if flush is not None else count  # bool is read as int1; None: the rule, decided in-kernel
     has_flush = flush is not None
     half = v.dtype in (torch.bfloat16, torch.float16)
-    gemm = (half if gemm is None else bool(gemm)) and L >= 2
+    # default: the GEMM form from 3 tokens a call (H100, Qwen3.5-4B mixer, batch 256, R = 32, in units of one
+    # fla decode step: L = 2 rows 1.06-1.09x / GEMM 1.16-1.18x, L = 3 1.21-1.39x / 1.23-1.26x, L = 4 1.45-1.73x
+    # / 1.30-1.33x, L = 7 2.28-2.83x / 1.49-1.57x)
+    gemm = (half and L >= 3 if gemm is None else bool(gemm)) and L >= 2
     if precision is None:
         precision = "tf32" if half else "tf32x3"
     if precision not in ("tf32", "tf32x3", "ieee"):
