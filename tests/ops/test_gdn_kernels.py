@@ -194,9 +194,33 @@ FORMS = [pytest.param(torch.bfloat16, False, id="bf16-rows"), pytest.param(torch
 @pytest.mark.parametrize("L,R,head,count,flush,scale", REPLAY)
 @pytest.mark.parametrize("dtype,gemm", FORMS)
 def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, gemm, device):
+    _check_replay(L, R, head, count, flush, scale, dtype, device, gemm=gemm)
+
+
+DECODE = [  # (R, head, count, flush); batch 3: a waiting row, a flush of a full ring, a flush of an empty one
+    pytest.param(12, [5, 11, 0], [3, 11, 0], [False, True, True], id="R12"),
+    pytest.param(4, [1, 3, 2], [2, 3, 0], None, id="R4-flush-rule-in-kernel"),  # count + 2 > R
+    # a flush of a full ring: the new entry's slot is the oldest folded one (the split form stashes it)
+    pytest.param(4, [1, 3, 2], [4, 2, 4], [True, False, True], id="R4-full-ring-flush"),
+]
+
+
+@pytest.mark.parametrize("R,head,count,flush", DECODE)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("form", [pytest.param(dict(split=True), id="split"), pytest.param(dict(split=False), id="fused"),
+                                  pytest.param(dict(split=True, block_p=16, num_warps=1, window_warps=2),
+                                               id="split-16-columns")])  # several column blocks per head
+def test_decode_kernel_forms(R, head, count, flush, dtype, form, device):
+    """One-token calls: the split decode (a window launch that also appends k and g, then a state kernel that
+    streams its tile, folds on flush steps and appends u), over one or several column blocks per head, and
+    the fused three-launch form all equal the reference, pointers and ring included."""
+    _check_replay(1, R, head, count, flush, 0.3, dtype, device, **form)
+
+
+def _check_replay(L, R, head, count, flush, scale, dtype, device, **kw):
     from ssmspec.ops.gdn.replay import gdn_replay_verify_triton
     H, G, N, P = ODD.values()
-    bsz = 2
+    bsz = len(head)
     inp = gdn_inputs(bsz, L, H, G, N, P, dtype, device)
     S0 = _state(bsz, H, N, P, device, seed=2)
     fl = None if flush is None else torch.tensor(flush, device=device)
@@ -207,7 +231,7 @@ def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, gemm, devi
     for backend in ("triton", "reference"):
         st = [S0.clone(), *_ring(bsz, R, H, G, N, P, head, count, dtype, device),
               torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        y = (gdn_replay_verify_triton(*st, *_args(inp), scale=scale, flush=fl, gemm=gemm) if backend == "triton"
+        y = (gdn_replay_verify_triton(*st, *_args(inp), scale=scale, flush=fl, **kw) if backend == "triton"
              else gdn_replay_verify(*st, *_args(inp), scale=scale, flush=fl, backend=backend))
         outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs

@@ -7,7 +7,8 @@ Rows (impl):
   (state read + written: the standard decode step GDN serving runs); ``ssu_ours``: ``gdn_recurrent_update``
   in place. ``status: skipped`` where fla-core cannot be imported (CPU, or no fla on the path).
 - ``replay`` (per R): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
-  on the device) plus ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
+  on the device; one-token calls in the split form, ``replay-fused`` rows: in the fused form) plus
+  ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
   cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count
   (``replay-rows``: the row form of the state kernel, beside the default GEMM form of 16-bit inputs).
 - Fig. 9 only: ``snapshot`` (``gdn_multistep_snapshot``: one state load, a state store per token -- the
@@ -196,8 +197,10 @@ def _decode_baselines(ctx: Ctx, bsz: int, z: dict, fla, why: str, base: dict, sw
 def buffer_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
     """Figs. 6 / 7 for GDN: standard decode of `replay` (L = 1) per R in ``bench.R`` against the one-token
     kernels, with ``bound_speedup`` (bytes of the one-token step / bytes of the replay step) and
-    ``flush_period``; on CUDA, ``bench.gdn_sweep`` [[block_p, num_warps], ...] rows time other launches of
-    our one-token kernel and of the replay state kernel (at ``bench.sweep_R``)."""
+    ``flush_period``; on CUDA, ``replay-fused`` rows per R time the one-token call through the fused
+    launches of multi-token calls (the form before the split decode), and ``bench.gdn_sweep``
+    [[block_p, num_warps], ...] rows time other launches of our one-token kernel and of the split decode's
+    state kernel (at ``bench.sweep_R``)."""
     fla, _, why = fla_ops()
     sweep = [tuple(int(v) for v in s) for s in b.get("gdn_sweep", [])] if ctx.cuda else []
     for preset in presets:
@@ -207,6 +210,8 @@ def buffer_rows(ctx: Ctx, b: DictConfig, presets: list[str]) -> Iterator[dict]:
             yield from _decode_baselines(ctx, bsz, z, fla, why, base, sweep)
             one = 2 * state_bytes(bsz, z["H"], z["P"], z["N"]) + gdn_io_bytes(bsz, 1, z, ctx.dtype.itemsize)
             runs = [("replay", int(R), {}) for R in b.R]
+            if ctx.cuda:  # the one-token call through the fused launches of multi-token calls, for comparison
+                runs += [("replay-fused", int(R), dict(split=False)) for R in b.R]
             runs += [("replay-sweep", int(b.sweep_R), dict(block_p=bp, num_warps=nw)) for bp, nw in sweep]
             for impl, R, blocks in runs:
                 samples, nbytes, cyc = replay_measure(ctx, bsz, 1, R, 0, z, **blocks)

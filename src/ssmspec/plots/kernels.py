@@ -106,6 +106,9 @@ def plot_replay_buffer(df: pd.DataFrame, out: Path) -> None:
         rep = m[m["impl"] == "replay"].sort_values("R")
         ax.errorbar(rep["R"], rep["ms_p50"] * 1e3, yerr=[e * 1e3 for e in _err(rep)], marker="o", capsize=2,
                     label="replay (output-only)")
+        fused = m[m["impl"] == "replay-fused"].sort_values("R")
+        if len(fused):  # GDN: the one-token call through the fused multi-token launches
+            ax.plot(fused["R"], fused["ms_p50"] * 1e3, marker="x", ls="--", lw=1, label="replay, fused form")
         for impl, ls in (("ssu_mamba_ssm", "--"), ("ssu_fla", "-."), ("ssu_ours", ":")):
             g = m[m["impl"] == impl]
             if len(g):
@@ -117,6 +120,8 @@ def plot_replay_buffer(df: pd.DataFrame, out: Path) -> None:
         base, label = _base_ms(m)
         if base is not None:
             axr.plot(rep["R"], base / rep["ms_p50"], marker="o", label=f"measured (vs {label})")
+            if len(fused):
+                axr.plot(fused["R"], base / fused["ms_p50"], marker="x", ls="--", lw=1, label="fused form")
         axr.plot(rep["R"], rep["bound_speedup"], marker="s", ls="--", label="byte bound")
         goal = 1.7 if "family" in m.columns and (m["family"] == "gdn").any() else 1.8  # GDN: issue 11, P9
         axr.axhline(goal, color="r", lw=1, ls=":", label=f"goal {goal}x")
