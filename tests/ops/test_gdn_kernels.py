@@ -186,15 +186,16 @@ REPLAY = [  # (L, R, head, count, flush, scale); batch 2, ODD sizes
 ]
 
 
-FORMS = [pytest.param(torch.bfloat16, False, id="bf16-rows"), pytest.param(torch.float32, False, id="fp32-rows"),
-         pytest.param(torch.bfloat16, True, id="bf16-gemm"),  # gemm: the GEMM form (tf32 for 16-bit inputs)
-         pytest.param(torch.float32, True, id="fp32-gemm")]  # ... tf32x3 for fp32 inputs
+FORMS = [pytest.param(torch.bfloat16, dict(gemm=False), id="bf16-rows"),
+         pytest.param(torch.float32, dict(gemm=False), id="fp32-rows"),
+         pytest.param(torch.bfloat16, dict(gemm=True), id="bf16-gemm"),  # the GEMM form (tf32 for 16-bit inputs)
+         pytest.param(torch.float32, dict(gemm=True), id="fp32-gemm")]  # ... tf32x3 for fp32 inputs
 
 
 @pytest.mark.parametrize("L,R,head,count,flush,scale", REPLAY)
-@pytest.mark.parametrize("dtype,gemm", FORMS)
-def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, gemm, device):
-    _check_replay(L, R, head, count, flush, scale, dtype, device, gemm=gemm)
+@pytest.mark.parametrize("dtype,form", FORMS)
+def test_replay_verify_kernel(L, R, head, count, flush, scale, dtype, form, device):
+    _check_replay(L, R, head, count, flush, scale, dtype, device, **form)
 
 
 DECODE = [  # (R, head, count, flush); batch 3: a waiting row, a flush of a full ring, a flush of an empty one
@@ -258,6 +259,11 @@ def test_bad_inputs_name_the_fix(device):
                           torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long), *_args(inp))
     with pytest.raises(ValueError, match="one token"):
         gdn_recurrent_update(_state(2, H, N, P, device), *_args(inp))
+    from ssmspec.ops.gdn.replay import gdn_replay_verify_triton
+    ring = _ring(2, 8, H, G, N, P, [0, 0], [0, 0], torch.float32, device)
+    with pytest.raises(ValueError, match="leave split=None"):  # the split form is the one-token decode's
+        gdn_replay_verify_triton(_state(2, H, N, P, device), *ring, torch.zeros(2, dtype=torch.long),
+                                 torch.zeros(2, dtype=torch.long), *_args(inp), split=True)
 
 
 @pytest.mark.gpu
