@@ -115,7 +115,7 @@ def _drafter(kind: str, ref, vocab: int):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
-@pytest.mark.parametrize("preset", ["tiny-hybrid", "mamba2-130m"])
+@pytest.mark.parametrize("preset", ["tiny-hybrid", "mamba2-130m", "tiny-qwen3.5"])  # qwen: GDN state
 @pytest.mark.parametrize("name,kind", _cases())
 def test_captured_step_equals_the_eager_loop(preset, name, kind):
     model = build_model(load_preset(preset), seed=0, device="cuda", dtype=torch.float32)

@@ -24,6 +24,7 @@ from ssmspec.engine.generate import generate  # noqa: E402
 from ssmspec.models.config import load_preset  # noqa: E402
 from ssmspec.models.model import build_model  # noqa: E402
 from ssmspec.strategies import make_strategy, strategy_names  # noqa: E402
+from ssmspec.strategies.base import SpecConfig  # noqa: E402
 from ssmspec.verify.greedy import GreedyVerifier  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -141,6 +142,60 @@ def test_strategy_on_triton_kernels_is_lossless_on_gdn(strategy, kernel_calls):
     out = _run(model, prompts, strategy, new, drafter)
     assert out.sequences == ref
     assert _expected_gdn_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
+
+
+class _LogitRecorder(GreedyVerifier):
+    """Greedy verifier that keeps every step's logits (eager runs only: it copies them on the host's order)."""
+
+    def __init__(self):
+        self.logits = []
+
+    def verify(self, node_logits, drafts, generator=None):
+        self.logits.append(node_logits.float().clone())
+        return super().verify(node_logits, drafts, generator)
+
+
+def _replay_decode_on_gdn(preset: str, prompts, new: int, R: int, kernel_calls, **cfg_kw) -> None:
+    """`replay` without drafts (S = 0: one-token calls, the split decode of ops/gdn/replay_split.py) equals
+    autoregressive on the reference ops: the tokens (through a captured step on CUDA) and every step's
+    logits within 1e-4 (an eager run); R is small enough that every sequence flushes several times."""
+    cfg = load_preset(preset, **cfg_kw)
+    for seed in range(5):
+        model = build_model(cfg, seed=seed, device=DEVICE, dtype=torch.float32)
+        ref, margin = _reference(model, prompts, new)
+        if margin > 1e-3:
+            break
+    else:
+        raise AssertionError(f"no seed gives {preset} a top-2 logit margin above 1e-3")
+    kernel_calls.clear()
+    spec = SpecConfig(buffer_size=R)
+    out = generate(model, prompts, max_new_tokens=new, strategy="replay", spec=spec, timing=False)
+    assert out.sequences == ref
+    assert "gdn_replay_verify_triton" in kernel_calls, sorted(kernel_calls)
+    logits = []
+    for strategy, backend in (("autoregressive", "reference"), ("replay", "triton")):
+        os.environ["SSMSPEC_OPS_BACKEND"] = backend
+        rec = _LogitRecorder()
+        generate(model, prompts, max_new_tokens=new, strategy=strategy, spec=spec, verifier=rec, timing=False,
+                 cuda_graph=False)
+        logits.append(torch.stack(rec.logits))
+    os.environ["SSMSPEC_OPS_BACKEND"] = "triton"
+    torch.testing.assert_close(logits[1], logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_replay_standard_decode_on_gdn_kernels(kernel_calls):
+    _replay_decode_on_gdn("tiny-qwen3.5", [[5, 17, 33, 8, 90]], 6, 3, kernel_calls)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_replay_standard_decode_on_gdn_kernels_at_published_size(kernel_calls):
+    """Qwen3.5's mixer sizes (4 layers of qwen3.5-0.8b, batch 4, CUDA graph): the split decode at its real
+    launch (128 columns x 4 warps) through the engine."""
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 4096, (n,), generator=gen).tolist() for n in (37, 64, 5, 20)]
+    _replay_decode_on_gdn("qwen3.5-0.8b", prompts, 24, 8, kernel_calls, pattern="G-G-G-*-", vocab_size=4096,
+                          max_seq_len=256)
 
 
 @pytest.mark.gpu
