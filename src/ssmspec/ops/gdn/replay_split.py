@@ -170,7 +170,9 @@ def _decode_state_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, win
         tl.store(count_ptr + b, c.to(count_ptr.dtype.element_ty))
 
 
-_WINDOW_WARPS = 1  # the split decode's window kernel; R = 16 below: 1 warp 254 us a step, 2 warps 266, 4 warps 408
+# warps of the split decode's window kernel (latency-bound: more programs resident win); the setting of
+# _split_blocks' measurement with a 64 x 2 state launch: 1 warp 254 us a step, 2 warps 266, 4 warps 408
+_WINDOW_WARPS = 1
 
 
 def _split_blocks(N: int, P: int) -> tuple[int, int]:
@@ -185,9 +187,9 @@ def _split_blocks(N: int, P: int) -> tuple[int, int]:
 
 
 def decode_split(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, head: Tensor, count: Tensor,
-                  q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None,
-                  flush: Tensor | None, block_p: int | None, num_warps: int | None,
-                  window_warps: int | None) -> Tensor:
+                 q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None,
+                 flush: Tensor | None, block_p: int | None, num_warps: int | None,
+                 window_warps: int | None) -> Tensor:
     """The one-token call in two launches (see ``_decode_window_kernel``): a (B, H, 2, P) fp32 scratch of the
     affine terms, (B, H, 4) coefficients and the stashed oldest key (B, G, N), 2% of the state's bytes at
     P = 128, written and read once."""
