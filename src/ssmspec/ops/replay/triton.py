@@ -85,13 +85,18 @@ def _window_kernel(rx_ptr, rdt_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_pt
                    kqr_ptr, kqn_ptr, part_ptr, dec_ptr, L, R, P, heads_per_group, lo, hi,
                    rx_b, rx_r, rx_h, rx_p, rdt_b, rdt_r, rdt_h, x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, t_b, t_i, t_j,
                    HAS_FLUSH: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, HAS_LIMIT: tl.constexpr,
-                   TREE: tl.constexpr, MATRIX: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_L: tl.constexpr):
+                   TREE: tl.constexpr, MATRIX: tl.constexpr, WPREC: tl.constexpr, BLOCK_P: tl.constexpr,
+                   BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr):
     """Everything of the readout that does not touch the state, once per (sequence, head):
     part[s] = Σ_j exp(cum_s − cum_j)·dt_j·kq[s, j]·x_j over the window entries j visible to token s (committed
     ring entries, then the call's tokens under the causal or tree mask) + D·x_s, and dec[s] = exp(cum_s).
     MATRIX (multi-token calls, BLOCK_L >= 16): the weights of all tokens as two small matrices and part as two
-    fp32 GEMMs, part = W_ring X_ring + W_new X_new; else one token at a time (single-token decode)."""
+    GEMMs at ``WPREC``, part = W_ring X_ring + W_new X_new (tf32 for 16-bit inputs: X is exact in tf32, the
+    weights keep a 10-bit mantissa, 8x finer than the bf16 output; tf32x3 for fp32 inputs); else one token at
+    a time (single-token decode). On an H100 (Nemotron-H-4B mixer, batch 256, L = 7, R = 32, 0 / 6 accepted,
+    the whole verify step) this launch at tf32 and 2 warps gave 521 / 655 us, at 1 / 4 / 8 warps 534 / 666,
+    547 / 683, 608 / 744; fp32 GEMMs at 2 / 4 warps 571 / 708, 589 / 725; the token loop at 1 warp 533 /
+    667 (2 warps 801 / 934)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
     H = tl.num_programs(1)
@@ -144,7 +149,7 @@ def _window_kernel(rx_ptr, rdt_ptr, head_ptr, count_ptr, flush_ptr, x_ptr, dt_pt
         Wn = tl.where(m_n, tl.exp(tl.where(m_n, cumn[:, None] - cumn[None, :], 0.0)) * dtn[None, :] * kn, 0.0)
         if HAS_D:
             Wn += tl.where(offs_l[:, None] == offs_j[None, :], Dh, 0.0)  # the skip term D·x_s
-        part = tl.dot(Wr, Xr, input_precision="ieee") + tl.dot(Wn, Xn, input_precision="ieee")  # (BLOCK_L, BLOCK_P)
+        part = tl.dot(Wr, Xr, input_precision=WPREC) + tl.dot(Wn, Xn, input_precision=WPREC)  # (BLOCK_L, BLOCK_P)
         tl.store(part_ptr + ((b * L + offs_l[:, None]) * H + h) * P + offs_p[None, :], part,
                  mask=mask_l[:, None] & mask_p[None, :])
         tl.store(dec_ptr + (b * L + offs_l) * H + h, tl.exp(cumn), mask=mask_l)
@@ -303,10 +308,12 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     (benchmark sweeps; decode at batch 256, R = 16 on an H100: window kernel 21 / 32 / 55 us at 1 / 2 / 4 warps
     for the Nemotron-H-4B mixer, 15 / 24 / 40 us for Mamba2-2.7B's); ``gemm=True`` runs its fold and
     readout as tf32x3 tensor-core GEMMs instead of rank-1 updates and row reductions (slower on an H100 at
-    every L measured, 1..7, with tf32x3); ``precision`` is that GEMM's tl.dot input precision (default tf32 for
-    16-bit inputs, whose outputs are rounded far coarser, and tf32x3 for fp32 inputs). ``gemm`` defaults to
-    the GEMM form for multi-token calls of 16-bit inputs (tf32: 0.88-1.08x of a decode step at S = 6, R = 32
-    on an H100, where the row reductions took 1.11-1.56x) and to the row reductions otherwise."""
+    every L measured, 1..7, with tf32x3); ``precision`` is the tl.dot input precision of that GEMM and of the
+    window kernel's two GEMMs in multi-token calls (default tf32 for 16-bit inputs, whose outputs are rounded
+    far coarser, and tf32x3 for fp32 inputs). ``gemm`` defaults to the GEMM form for multi-token calls of
+    16-bit inputs (with the tf32 window: 0.78-0.98x of a decode step at S = 6, R = 32 on an H100, 0..6
+    accepted; 0.88-1.08x with fp32 window GEMMs at 4 warps; the row reductions 1.11-1.56x) and to the row
+    reductions otherwise."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -346,6 +353,11 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     lo, hi = limit_args(dt_limit)
     tm = tree_mask if tree_mask is not None else count  # unread without TREE
     tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    if precision is None:
+        precision = "tf32" if half else "tf32x3"
+    if precision not in ("tf32", "tf32x3", "ieee"):
+        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     matrix = L >= 2
     BLw = max(16, BL) if matrix else BL  # tl.dot needs >= 16 rows
     BP = max(16, triton.next_power_of_2(P))
@@ -354,14 +366,9 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         dt_bias if dt_bias is not None else dummy(A), tm, kq_ring, kq_new, part, dec, L, R, P, H // G, lo, hi,
         *ring_x.stride(), *ring_dt.stride(), *x.stride(), *dt.stride(), *tstr,
         HAS_FLUSH=has_flush, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, HAS_LIMIT=has_limit(dt_limit),
-        TREE=tree_mask is not None, MATRIX=matrix, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
-        num_warps=window_warps or (4 if matrix else 1))  # decode: latency-bound, more programs resident
-    half = x.dtype in (torch.bfloat16, torch.float16)
+        TREE=tree_mask is not None, MATRIX=matrix, WPREC=precision, BLOCK_P=BP, BLOCK_R=BR, BLOCK_L=BLw,
+        num_warps=window_warps or (2 if matrix else 1))  # latency-bound: more programs resident (see docstring)
     use_dot = (L > 1 and half) if gemm is None else bool(gemm)
-    if precision is None:
-        precision = "tf32" if half else "tf32x3"
-    if precision not in ("tf32", "tf32x3", "ieee"):
-        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     bp, nw = _main_blocks(P, N, L, use_dot)
     bp, nw = block_p or bp, num_warps or nw
     _main_kernel[(triton.cdiv(P, bp), bsz, H)](
