@@ -307,6 +307,7 @@ def test_8b_mixer_sizes_lossless_on_gpu(strategy):
 
     class Margin(GreedyVerifier):
         margin = float("inf")
+        fp32_logits = True
 
         def verify(self, node_logits, drafts, generator=None):
             top = node_logits.float().topk(2, dim=-1).values

@@ -73,3 +73,40 @@ def test_emitted_tokens_follow_the_path():
     v = GreedyVerifier().verify(logits, drafts)
     assert v.accepted.tolist() == [2] and v.path.tolist() == [[0, 2, 3, 0]]
     assert v.emitted(drafts) == [[6, 7, 1]]
+
+
+def test_greedy_steps_read_model_dtype_logits_with_the_same_verdicts():
+    """The engine hands a greedy verifier the LM head's bf16 logits (no fp32 copy of the (rows, L, V) logits);
+    the argmax of bf16 values is the argmax of their exact fp32 upcast, ties included, so a bf16 model emits
+    the same tokens as with fp32 logits -- replay spec with oracle drafts and autoregressive alike."""
+    from ssmspec.drafting.oracle import Oracle
+    from ssmspec.engine.generate import generate
+    from ssmspec.models import build_model, load_preset
+    from ssmspec.strategies import SpecConfig
+
+    class Seen(GreedyVerifier):
+        def __init__(self):
+            self.dtypes = set()
+
+        def verify(self, node_logits, drafts, generator=None):
+            self.dtypes.add(node_logits.dtype)
+            return super().verify(node_logits, drafts, generator)
+
+    class Fp32(Seen):
+        fp32_logits = True
+
+    model = build_model(load_preset("tiny-hybrid"), seed=0, device="cpu", dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 5, 12)]
+    ref = generate(model, prompts, max_new_tokens=12, strategy="autoregressive", timing=False).sequences
+    for strategy, S in (("autoregressive", 0), ("replay", 3)):
+        runs = []
+        for rec in (Seen(), Fp32()):
+            drafter = (Oracle(p=0.7, draft_len=S, reference=ref, vocab_size=model.cfg.vocab_size, seed=2)
+                       if S else None)
+            out = generate(model, prompts, max_new_tokens=12, strategy=strategy, drafter=drafter, verifier=rec,
+                           spec=SpecConfig(draft_len=S, buffer_size=16), timing=False)
+            runs.append((out.sequences, rec.dtypes))
+        (seq_bf16, seen_bf16), (seq_fp32, seen_fp32) = runs
+        assert seen_bf16 == {torch.bfloat16} and seen_fp32 == {torch.float32}
+        assert seq_bf16 == seq_fp32

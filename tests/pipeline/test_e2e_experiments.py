@@ -38,6 +38,9 @@ def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli,
         assert r["mean_accepted"] == S and r["accepted_hist"] == {str(S): 4}
         assert r["tokens_per_step"] == S + 1 and r["tokens_emitted"] == 4 * (S + 1)
         assert r["tokens_per_s"] == pytest.approx(r["tokens_emitted"] / (sum(r["samples_ms"]) * 1e-3))
+        # the decode line's ring and the spec lines' ring are set apart (bench.R, bench.spec_R)
+        assert r["R"] == ((32 if S else 16) if r["strategy"] == "replay" else None)
+        assert r["strategy"] != "replay" or r["buffer_size"] == r["R"]  # the engine ran with the row's ring
         if S:
             assert r["acceptance"] == "oracle" and r["alpha"] == 1.0 and r["ref_match"] == 1.0
             assert r["expected_accepted"] == S
@@ -58,8 +61,8 @@ def test_fig8_oracle_at_alpha_zero_is_never_accepted(cli, tmp_path):
 
 
 def test_fig8_refuses_a_buffer_smaller_than_a_call(cli, tmp_path):
-    status, _, err = cli("run", *FIG8, "bench.R=4", f"results_dir={tmp_path / 'run'}")
-    assert status == 2 and "raise bench.R" in err
+    status, _, err = cli("run", *FIG8, "bench.spec_R=4", f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and "raise bench.spec_R" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -7,6 +7,8 @@ from ssmspec.verify.greedy import GreedyVerifier
 class Recorder(GreedyVerifier):
     """Greedy verifier that keeps every call's node logits and verdict."""
 
+    fp32_logits = True  # the fp32 logits, as the speculative verifier reads them
+
     def __init__(self):
         self.calls = []
 

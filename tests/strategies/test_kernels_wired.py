@@ -62,6 +62,8 @@ def kernel_calls(monkeypatch):
 class _MarginVerifier(GreedyVerifier):
     """Greedy verifier that keeps the smallest top-1 minus top-2 logit it saw."""
 
+    fp32_logits = True  # the margin of the fp32 logits
+
     def __init__(self):
         self.margin = float("inf")
 
@@ -146,6 +148,8 @@ def test_strategy_on_triton_kernels_is_lossless_on_gdn(strategy, kernel_calls):
 
 class _LogitRecorder(GreedyVerifier):
     """Greedy verifier that keeps every step's logits (eager runs only: it copies them on the host's order)."""
+
+    fp32_logits = True  # compare the fp32 logits, not their model-dtype rounding
 
     def __init__(self):
         self.logits = []

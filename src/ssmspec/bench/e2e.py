@@ -80,6 +80,11 @@ def lines(b: DictConfig) -> list[tuple[str, str, int]]:
     return out
 
 
+def spec_R(b: DictConfig) -> int:
+    """Replay buffer of the replay spec lines: ``bench.spec_R``, else ``bench.R`` (that of the decode line)."""
+    return int(b.get("spec_R") or b.R)
+
+
 def check_bench(b: DictConfig, what: str) -> None:
     """Refuse settings that cannot work, naming the fix."""
     sizes = [int(x) for x in b.batch]
@@ -88,10 +93,13 @@ def check_bench(b: DictConfig, what: str) -> None:
     wins = [int(s) for s in list(b.snapshot_S) + list(b.replay_S)]
     if any(s < 1 for s in wins):
         raise ValueError(f"{what}: bench.snapshot_S / bench.replay_S hold draft windows S >= 1, got {wins}")
-    R = int(b.R)
-    if wins and R < max(wins) + 1:
-        raise ValueError(f"{what}: replay needs a buffer of at least one call (S + 1 = {max(wins) + 1} tokens); "
-                         f"raise bench.R (now {R}) or lower the windows")
+    spec_wins = [int(s) for s in b.replay_S]
+    R = spec_R(b)
+    if spec_wins and R < max(spec_wins) + 1:
+        raise ValueError(f"{what}: replay needs a buffer of at least one call (S + 1 = {max(spec_wins) + 1} tokens); "
+                         f"raise bench.spec_R (now {R}) or lower bench.replay_S")
+    if int(b.R) < 1:
+        raise ValueError(f"{what}: bench.R is the replay decode line's buffer, >= 1; got {b.R}")
     if not 0.0 <= float(b.alpha) <= 1.0:
         raise ValueError(f"{what}: bench.alpha is the oracle's per-token acceptance, in [0, 1]; got {b.alpha}")
     if int(b.prompt_len) < 1 or int(b.iters) < 1:
@@ -211,9 +219,10 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
             sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)] if texts else None
             reference, ref_error = None, None
             for label, strategy, S in lines(b):
-                spec = SpecConfig(draft_len=S, buffer_size=R)
+                Rl = spec_R(b) if S else R  # the decode line's buffer, or the spec lines'
+                spec = SpecConfig(draft_len=S, buffer_size=Rl)
                 base = dict(model=preset, line=label, strategy=strategy, S=S, batch=bsz, prompt_len=Tp,
-                            R=R if strategy == "replay" else None, dtype=C.dtype_name(model.dtype),
+                            R=Rl if strategy == "replay" else None, dtype=C.dtype_name(model.dtype),
                             drafter=kind if S else "none",
                             acceptance=("oracle" if oracle else "measured") if S else "none",
                             alpha=alpha if S and oracle else None,

@@ -77,6 +77,8 @@ class DecodeStep:
                  eos_token_id: int | None = None) -> None:
         cfg = model.cfg
         self.model, self.strategy, self.drafter, self.verifier = model, strategy, drafter, verifier
+        # a verifier that only ranks logits (greedy) reads them in the model dtype (verify/base.py)
+        self.fp32_logits = bool(getattr(verifier, "fp32_logits", True))
         self.spec, self.batch, self.generator = spec, batch, generator
         self.device, dtype = model.device, model.dtype
         dev = self.device
@@ -119,7 +121,8 @@ class DecodeStep:
         for c in self.kv:
             c.length.zero_()
         h = self.model.hidden(ids, self.ctx)[:, -1:]  # (B, 1, d): the LM head at the last position only
-        logits = self.model.lm_head(h.to(self.model.lm_head.weight.dtype)).float()  # (B, 1, V)
+        logits = self.model.lm_head(h.to(self.model.lm_head.weight.dtype))  # (B, 1, V)
+        logits = logits.float() if self.fp32_logits else logits
         for c in self.kv:
             c.start.copy_(pads)
             c.commit(torch.arange(bsz, device=dev), torch.arange(T, device=dev)[None].expand(bsz, T),
@@ -194,7 +197,7 @@ class DecodeStep:
             self.kv_bound = min(self.kv_bound + self.spec.nodes + 1, self.kv_capacity)
         step.kv_bound = self.kv_bound
         self.ctx.step = step
-        return step, self.model(step.input_ids, self.ctx)
+        return step, self.model(step.input_ids, self.ctx, fp32=self.fp32_logits)
 
     def target_step(self) -> None:
         """Layout -> model -> verify -> commit -> append (device ops only; see module doc)."""

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.kv_cache import KVCache
+from ssmspec.ops.activation import relu_square
 from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
 
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ class Attention(nn.Module):
 
 
 def _act(kind: str):
-    return {"relu2": lambda x: F.relu(x).square(), "silu": F.silu, "gelu": F.gelu}[kind]
+    return {"relu2": relu_square, "silu": F.silu, "gelu": F.gelu}[kind]
 
 
 class MLP(nn.Module):
@@ -199,7 +200,7 @@ class MLP(nn.Module):
     def forward(self, x: Tensor, ctx=None) -> Tensor:
         if self.kind == "swiglu":
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(F.relu(self.up_proj(x)).square())
+        return self.down_proj(relu_square(self.up_proj(x)))
 
 
 class TopKRouter(nn.Module):
@@ -249,7 +250,7 @@ class MoE(nn.Module):
         gate = torch.zeros(flat.shape[0], self.cfg.n_experts, dtype=w.dtype, device=x.device).scatter(1, idx, w)
         y = torch.zeros(flat.shape, dtype=torch.float32, device=x.device)
         for e in range(self.cfg.n_experts):
-            hid = F.relu(F.linear(flat, self.experts.up_proj[e])).square()  # (T, moe_d_ff)
+            hid = relu_square(F.linear(flat, self.experts.up_proj[e]))  # (T, moe_d_ff)
             y += F.linear(hid, self.experts.down_proj[e]).float() * gate[:, e, None]
         y = y.to(x.dtype).view(shape)
         if self.shared_experts is not None:

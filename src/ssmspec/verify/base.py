@@ -31,6 +31,9 @@ class Verdict:
 
 class Verifier(Protocol):
     name: str
+    # False: the verdict reads only the order of each node's logits (argmax), which the model dtype's logits
+    # already fix (their fp32 upcast is exact), so the step skips the fp32 copy of the (rows, L, V) logits
+    fp32_logits: bool
 
     def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
         """node_logits (B, 1+T, V): target logits at every tree node (node 0 = pending token)."""

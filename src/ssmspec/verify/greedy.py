@@ -11,6 +11,7 @@ from ssmspec.verify.base import Verdict, path_to_node
 
 class GreedyVerifier:
     name = "greedy"
+    fp32_logits = False  # argmax of the model dtype's logits = argmax of their exact fp32 upcast, ties included
 
     def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
         target = node_logits.argmax(-1)  # (B, 1+T) target's next token after each node

@@ -91,6 +91,7 @@ class SpeculativeVerifier:
     At temperature 0 the target is one-hot and this reduces to greedy verification."""
 
     name = "speculative"
+    fp32_logits = True  # softmax with temperature / top-k / top-p
 
     def __init__(self, sampling: SamplingConfig | None = None) -> None:
         self.sampling = sampling or SamplingConfig()
