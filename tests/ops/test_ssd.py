@@ -84,6 +84,51 @@ def test_launch_options_do_not_change_the_result(device, launch):
     assert_close(s, s_ref, STATE_TOL[torch.float32], "final state")
 
 
+# (batch, L, H, P, G, N, block_t, block_p, segment_len): one tile a segment, several tiles with a ragged last
+# segment, P split over two programs per chain (each P block its own chain), a last segment of one token
+SEGMENTED = [
+    pytest.param(2, 70, 4, 32, 1, 24, 16, None, 32, id="L70-seg32-tile16"),
+    pytest.param(1, 100, 2, 48, 1, 16, 16, 16, 16, id="L100-seg16-P48-split3"),
+    pytest.param(2, 37, 3, 16, 3, 8, 16, None, 16, id="L37-seg16-G3"),
+    pytest.param(1, 65, 2, 16, 1, 16, 32, None, 32, id="L65-last-segment-one-token"),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES[:2])
+@pytest.mark.parametrize("init", [pytest.param(False, id="zero-state"), pytest.param(True, id="initial-state")])
+@pytest.mark.parametrize("bsz, L, H, P, G, N, block_t, block_p, segment_len", SEGMENTED)
+def test_segmented_chains_match_recurrence(device, bsz, L, H, P, G, N, block_t, block_p, segment_len, init, dtype):
+    """A chain cut into segments (one program each, decoupled look-back in one launch) computes the same scan:
+    against the recurrence, and against the one-program chain up to the carry's rounding."""
+    inp = scan_inputs(bsz, L, H, P, G, N, dtype, device, seed=11)
+    inp["s0"] = inp["s0"] * 30  # an initial state that shows in every segment's output
+    y, s = run_triton(inp, init=init, block_t=block_t, block_p=block_p, segment_len=segment_len)
+    y_ref, s_ref = run_recurrence(inp, init=init)
+    assert_close(y, y_ref, TOL[dtype], "y")
+    assert_close(s, s_ref, STATE_TOL[dtype], "final state")
+    y1, s1 = run_triton(inp, init=init, block_t=block_t, block_p=block_p, segment_len=max(L, 1) * 64)
+    assert_close(y, y1, TOL[dtype], "y vs one segment")
+    assert_close(s, s1, STATE_TOL[dtype], "final state vs one segment")
+
+
+def test_segment_length_is_whole_tiles_and_only_where_the_chains_do_not_fill_the_gpu():
+    from ssmspec.ops.ssd.triton import _segment_len
+    assert _segment_len(32768, 128, 128, 132) == 6656  # seed 004: 128 chains on 132 SMs -> 5 segments, 640 programs
+    assert _segment_len(32768, 128, 16 * 112, 132) == 32768  # nemotron-h-4b mixer at batch 16: one segment
+    assert _segment_len(2048, 128, 128, 132) == 1024  # at least 8 tiles a segment
+    assert _segment_len(1000, 128, 128, 132) == 1000  # too short to cut
+    assert _segment_len(0, 128, 1, 132) == 1 and _segment_len(5000, 64, 1, 0) == 5000  # empty; no SMs (CPU)
+    for L, bt, chains in ((32768, 128, 128), (30001, 64, 40), (9000, 128, 7)):
+        seg = _segment_len(L, bt, chains, 132)
+        assert seg % bt == 0 and seg >= 8 * bt
+
+
+def test_segment_len_must_be_whole_tiles(device):
+    inp = scan_inputs(1, 40, 2, 16, 1, 16, torch.float32, device)
+    with pytest.raises(ValueError, match="segment_len must be a positive multiple of block_t"):
+        run_triton(inp, block_t=16, segment_len=24)
+
+
 class _SmallGpu:
     """Stands in for ``_ssd_scan_kernel``: launches that exceed a tile of ``limit`` tokens or one pipeline
     stage raise OutOfResources, as Triton does at the first launch on a GPU that cannot hold them."""
@@ -239,7 +284,7 @@ def test_gpu_real_sizes_match_reference(bsz, L, H, P, G, N, dtype):
 @pytest.mark.parametrize("block_t, num_warps", [(64, 4), (128, 4), (128, 8), (256, 8)])
 def test_gpu_every_swept_block_size_is_correct(block_t, num_warps):
     inp = scan_inputs(4, 3000, 8, 64, 1, 64, torch.bfloat16, "cuda", seed=7)
-    try:
+    try:  # 32 chains: the default cuts each into segments of 8 tiles
         y, s = run_triton(inp, block_t=block_t, num_warps=num_warps)
     except Exception as e:  # noqa: BLE001 -- a tile that does not fit is a sweep result, not a wrong answer
         if "OutOfResources" in type(e).__name__ or "out of resource" in str(e).lower():
@@ -248,6 +293,21 @@ def test_gpu_every_swept_block_size_is_correct(block_t, num_warps):
     y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=128,
                                       initial_state=inp["s0"])
     assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segment_len", [None, 1024, 4096, 1 << 20])
+def test_gpu_segmented_seed004_matches_reference(segment_len):
+    """Seed 004's shape (16 x 8 chains, fewer than the SMs): the default launch cuts the chains into segments
+    whose programs hand their states on inside one launch; every cut gives the reference's scan."""
+    inp = scan_inputs(16, 8192, 8, 64, 1, 64, torch.bfloat16, "cuda", seed=12)
+    y, s = run_triton(inp, segment_len=segment_len)
+    y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=256,
+                                      initial_state=inp["s0"])
+    assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
+    for _ in range(3):  # relaunches reuse fresh flags: no stale hand-off
+        y2, s2 = run_triton(inp, segment_len=segment_len)
+        assert torch.equal(y2, y) and torch.equal(s2, s)
 
 
 @pytest.mark.gpu

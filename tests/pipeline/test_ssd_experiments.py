@@ -68,9 +68,23 @@ def test_ssd_blockt_runs_and_plots(cli, tmp_path):
         (t, w, p) for t in (16, 32) for w in (1, 2) for p in (16, 32))
     for r in ours:
         _check_measured(r)
-        assert r["backend"] == "triton"
+        assert r["backend"] == "triton" and r["segment_len"] == 40 and r["segments"] == 1  # no SMs to fill here
     assert [r["status"] for r in rows if r["impl"] == "mamba_ssm"] == ["skipped"]
     _plot(cli, tmp_path, "ssd_kernel_blockt", out)
+
+
+def test_ssd_blockt_sweeps_segment_lengths(cli, tmp_path):
+    """The segment axis: each length cuts the 40-token chains into cdiv(40, length) programs, all correct."""
+    out = tmp_path / "run"
+    status, _, err = cli("run", "experiment=ssd_kernel_blockt", *SMALL, "bench.seqlen=[40]", "bench.block_t=[16]",
+                         "bench.segment_len=[16,32,null]", f"results_dir={out}")
+    assert status == 0, err
+    ours = [r for r in _rows(out) if r["impl"] == "ours"]
+    assert sorted((r["segment_len"], r["segments"]) for r in ours) == [(16, 3), (32, 2), (40, 1)]
+    _plot(cli, tmp_path, "ssd_kernel_blockt", out)
+    status, _, err = cli("run", "experiment=ssd_kernel_blockt", *SMALL, "bench.block_t=[16,32]",
+                         "bench.segment_len=[48]", f"results_dir={tmp_path / 'bad'}")
+    assert status == 2 and "bench.segment_len must hold multiples of every block_t" in err
 
 
 def test_ssd_blockt_refuses_a_bad_block_size_before_measuring(cli, tmp_path):

@@ -127,7 +127,7 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
         row = _measure(ctx, [ours_fn(i, backend=backend) for i in sets], nbytes, **base, impl="ours", backend=ran)
         if ran == "triton":  # what the defaults resolved to (after any step-down on this GPU)
             from ssmspec.ops.ssd.triton import default_launch
-            row.update(default_launch(ctx.dtype, L, z["P"], z["N"]))
+            row.update(default_launch(ctx.dtype, L, z["P"], z["N"], chains=bsz * z["H"], device=ctx.device))
         yield row
         big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:
@@ -145,9 +145,10 @@ def run_ssd_fwd(cfg: DictConfig) -> Iterator[dict]:
 
 # ssd_kernel_blockt -----------------------------------------------------------------------------------------
 def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
-    """Our kernel at every BLOCK_T x num_warps x BLOCK_P of the grid (``impl: ours``, ``block_t``,
-    ``num_warps``, ``block_p``; a null block_p is the default of ``_blocks``) and mamba_ssm once per size
-    (``impl: mamba_ssm``)."""
+    """Our kernel at every BLOCK_T x num_warps x BLOCK_P x segment length of the grid (``impl: ours``,
+    ``block_t``, ``num_warps``, ``block_p``, ``segment_len`` and the ``segments`` it makes; a null block_p is
+    the default of ``_blocks``, a null segment_len the default cut of ``_segment_len``) and mamba_ssm once per
+    size (``impl: mamba_ssm``)."""
     if not (str(cfg.device).startswith("cuda") or interpret_mode()):
         raise ValueError("ssd_kernel_blockt times the Triton kernel's block sizes: run it on a GPU "
                          "(profile=gpu), or with TRITON_INTERPRET=1 set for the CPU interpreter")
@@ -157,10 +158,15 @@ def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
         if bad:
             raise ValueError(f"ssd_kernel_blockt: bench.{key} must hold powers of two >= 16 (null: the default "
                              f"block_p), got {bad}")
+    segs = list(b.get("segment_len") or [None])
+    bad = [v for v in segs if v is not None and (int(v) < 1 or any(int(v) % int(t) for t in b.block_t))]
+    if bad:
+        raise ValueError(f"ssd_kernel_blockt: bench.segment_len must hold multiples of every block_t (null: the "
+                         f"default cut, ops/ssd/triton.py:_segment_len), got {bad}")
     bad = [w for w in b.num_warps if int(w) not in (1, 2, 4, 8, 16)]
     if bad:
         raise ValueError(f"ssd_kernel_blockt: bench.num_warps must hold 1, 2, 4, 8 or 16, got {bad}")
-    from ssmspec.ops.ssd.triton import _blocks
+    from ssmspec.ops.ssd.triton import _blocks, _segment_len, _sm_count
     ctx = Ctx(cfg)
     _, chunk_m, why = mamba_ssm_ops()
     for name, z, bsz, L in _grid(b):
@@ -170,10 +176,13 @@ def run_ssd_blockt(cfg: DictConfig) -> Iterator[dict]:
         rot = ctx.rotation(nbytes)
         sets = _copies(inp, rot)
         base = dict(model=name, batch=bsz, seqlen=L, **z, rot=rot, initial_state=init)
-        for bt, nw, bp in itertools.product(b.block_t, b.num_warps, b.block_p):
+        for bt, nw, bp, sl in itertools.product(b.block_t, b.num_warps, b.block_p, segs):
             launch = dict(block_t=int(bt), num_warps=int(nw), block_p=int(bp or _blocks(L, z["P"], z["N"])[1]))
+            chains = bsz * z["H"] * -(-z["P"] // launch["block_p"])
+            seg = int(sl) if sl is not None else _segment_len(L, int(bt), chains, _sm_count(torch.device(ctx.device)))
+            launch["segment_len"] = min(seg, max(L, 1))
             yield _measure(ctx, [ours_fn(i, **launch) for i in sets], nbytes, **base, impl="ours",
-                           backend="triton", **launch)
+                           backend="triton", segments=-(-L // launch["segment_len"]), **launch)
         big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:
             yield dict(base, impl="mamba_ssm", status="skipped", reason=why)

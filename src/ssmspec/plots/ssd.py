@@ -61,7 +61,8 @@ def plot_ssd_fwd(df: pd.DataFrame, out: Path) -> None:
 
 def plot_ssd_blockt(df: pd.DataFrame, out: Path) -> None:
     """One panel per (mixer, batch, seqlen): ms vs BLOCK_T, a line per (num_warps, BLOCK_P), mamba_ssm as a
-    dashed line; block sizes that did not fit are marked on the x axis."""
+    dashed line; block sizes that did not fit are marked on the x axis. A sweep over segment lengths puts the
+    segments a chain is cut into on the x axis instead, a line per (BLOCK_T, num_warps, BLOCK_P)."""
     data = _need(df, "ssd_kernel_blockt")
     keys = list(dict.fromkeys(zip(data["model"], data["batch"], data["seqlen"])))
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 3.8), squeeze=False)
@@ -69,23 +70,25 @@ def plot_ssd_blockt(df: pd.DataFrame, out: Path) -> None:
     for ax, (model, bsz, L) in zip(axes[0], keys):
         m = data[(data["model"] == model) & (data["batch"] == bsz) & (data["seqlen"] == L)]
         ours = m[m["impl"] == "ours"]
-        for (nw, bp), g in ours.groupby(["num_warps", "block_p"]):
-            g = g.sort_values("block_t")
-            ax.errorbar(g["block_t"], g["ms_p50"], yerr=_err(g), marker="o", capsize=2,
-                        label=f"ours, {int(nw)} warps, BLOCK_P={int(bp)}")
+        by_seg = "segments" in ours.columns and ours["segments"].nunique() > 1
+        xcol, group = ("segments", ["block_t", "num_warps", "block_p"]) if by_seg else ("block_t", ["num_warps", "block_p"])
+        for key, g in ours.groupby(group):
+            g = g.sort_values(xcol)
+            name = ", ".join(f"{k}={int(v)}" for k, v in zip(group, key))
+            ax.errorbar(g[xcol], g["ms_p50"], yerr=_err(g), marker="o", capsize=2, label=f"ours, {name}")
         base = m[m["impl"] == "mamba_ssm"]
         if len(base):
             ax.axhline(base["ms_p50"].iloc[0], color="k", ls="--", lw=1, label="mamba_ssm")
         f = failed[(failed["model"] == model) & (failed["batch"] == bsz) & (failed["seqlen"] == L)]
         f = f[f["impl"] == "ours"] if len(f) else f
-        for bt in sorted(set(f["block_t"])) if len(f) else []:
+        for bt in sorted(set(f["block_t"])) if len(f) and not by_seg else []:
             ax.axvline(bt, color="r", ls=":", lw=1)
             ax.annotate("does not fit", (bt, 0.02), xycoords=("data", "axes fraction"), fontsize=6, color="r",
                         rotation=90)
         ax.set_xscale("log", base=2)
-        ax.set(yscale="log", xlabel="BLOCK_T (tokens per tile)", ylabel="ms per scan",
-               title=f"L={L}: {_label(model, m)}")
+        ax.set(yscale="log", xlabel="segments per chain (programs per sequence, head and P block)" if by_seg
+               else "BLOCK_T (tokens per tile)", ylabel="ms per scan", title=f"L={L}: {_label(model, m)}")
         ax.title.set_fontsize(8)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
         ax.grid(True, which="both", alpha=0.3)
     _finish(fig, data, "SSD prefill scan: block-size sweep (seed 004)", out)

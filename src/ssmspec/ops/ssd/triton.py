@@ -52,9 +52,28 @@ def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _tile_carry(S, x_base, dt_base, B_base, t0, seg_end, A, offs_t, offs_p, offs_n, mask_p, mask_n,
+                x_l, x_p, dt_l, B_l, B_n, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """The carry of one tile alone (phase 1 of a segmented chain): S <- exp(cum_T)·S + (x ∘ w)ᵀ B, with the
+    same roundings as the full tile of ``_ssd_scan_kernel``. Returns (S, cum_T)."""
+    tok = t0 + offs_t
+    mask_t = tok < seg_end
+    tok = tok.to(tl.int64)
+    dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)
+    xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_t[:, None] & mask_p[None, :],
+                 other=0.0)
+    Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n, mask=mask_t[:, None] & mask_n[None, :],
+                 other=0.0).to(xt.dtype)
+    cum = tl.cumsum(A * dt, axis=0)
+    total = tl.sum(A * dt, axis=0)
+    xw = (xt.to(tl.float32) * (tl.exp(total - cum) * dt)[:, None]).to(xt.dtype)
+    return S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST), total
+
+
+@triton.jit
 def _ssd_scan_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr,
-    L, P, N, heads_per_group,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr, carry_ptr, flag_ptr,
+    L, P, N, H, heads_per_group, n_pblk, n_seg, seg_len,
     x_b, x_l, x_h, x_p,
     dt_b, dt_l, dt_h,
     B_b, B_l, B_g, B_n,
@@ -63,11 +82,24 @@ def _ssd_scan_kernel(
     y_b, y_l, y_h, y_p,
     sf_b, sf_h, sf_p, sf_n,
     HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEGMENTED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
+    if SEGMENTED:
+        # one program per (chain, segment). Programs take their segment in the order they start (a ticket),
+        # so the segment a program waits on belongs to a program that started before it: no deadlock
+        ticket = tl.atomic_add(flag_ptr, 1)  # flag_ptr[0]: the ticket counter, zero at launch
+        chain = ticket // n_seg
+        seg = ticket % n_seg
+        pid_p = chain % n_pblk
+        bh = chain // n_pblk
+        b = (bh // H).to(tl.int64)
+        h = (bh % H).to(tl.int64)
+    else:
+        pid_p = tl.program_id(0)
+        b = tl.program_id(1).to(tl.int64)
+        h = tl.program_id(2).to(tl.int64)
+        chain = 0
+        seg = 0
     g = h // heads_per_group
     offs_t = tl.arange(0, BLOCK_T)  # (T,) token offsets inside a tile
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)  # (BP,)
@@ -75,11 +107,6 @@ def _ssd_scan_kernel(
     mask_p = offs_p < P
     mask_n = offs_n < N
     mask_pn = mask_p[:, None] & mask_n[None, :]
-    if HAS_INIT:
-        S = tl.load(s0_ptr + b * s0_b + h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n,
-                    mask=mask_pn, other=0.0).to(tl.float32)  # (BP, BN) fp32 carried state
-    else:
-        S = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     A = tl.load(A_ptr + h).to(tl.float32)
     if HAS_D:
         Dh = tl.load(D_ptr + h).to(tl.float32)
@@ -88,12 +115,46 @@ def _ssd_scan_kernel(
     B_base = B_ptr + b * B_b + g * B_g
     C_base = C_ptr + b * C_b + g * C_g
     y_base = y_ptr + b * y_b + h * y_h
+    S = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+    if HAS_INIT:
+        if seg == 0:
+            S = tl.load(s0_ptr + b * s0_b + h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n,
+                        mask=mask_pn, other=0.0).to(tl.float32)  # (BP, BN) fp32 carried state
+    start = seg * seg_len
+    end = tl.minimum(start + seg_len, L)
+    if SEGMENTED:
+        # decoupled look-back over the chain's segments: phase 1 runs this segment's carry alone (from zero;
+        # segment 0 from the initial state), then waits for the state entering the segment, publishes the
+        # state entering the next one, and phase 2 below scans the segment from it. carry slot k - 1 holds
+        # the state entering segment k, flag k - 1 says it is written (release / acquire at GPU scope).
+        blk = tl.arange(0, BLOCK_P)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (BP, BN) slot offsets
+        slot = carry_ptr + chain.to(tl.int64) * (n_seg - 1) * BLOCK_P * BLOCK_N
+        flags = flag_ptr + 1 + chain * (n_seg - 1)
+        if seg < n_seg - 1:
+            Sl = S
+            decay = 0.0
+            for t0 in range(start, end, BLOCK_T):
+                Sl, total = _tile_carry(Sl, x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n, mask_p,
+                                        mask_n, x_l, x_p, dt_l, B_l, B_n, PRECISION, UPCAST)
+                decay += total
+            if seg > 0:
+                while tl.atomic_add(flags + seg - 1, 0, sem="acquire") == 0:
+                    pass
+                S = tl.load(slot + (seg - 1) * BLOCK_P * BLOCK_N + blk, cache_modifier=".cg")
+                Sl = S * tl.exp(decay) + Sl
+            tl.store(slot + seg * BLOCK_P * BLOCK_N + blk, Sl)
+            tl.debug_barrier()  # every thread's part of the slot is written before the flag goes up
+            tl.atomic_xchg(flags + seg, 1, sem="release")
+        else:
+            while tl.atomic_add(flags + seg - 1, 0, sem="acquire") == 0:
+                pass
+            S = tl.load(slot + (seg - 1) * BLOCK_P * BLOCK_N + blk, cache_modifier=".cg")
     causal = offs_t[:, None] >= offs_t[None, :]  # (T, T): token i reads token j <= i
-    for t0 in range(0, L, BLOCK_T):
+    for t0 in range(start, end, BLOCK_T):
         tok = t0 + offs_t  # (T,)
-        mask_t = tok < L
+        mask_t = tok < end
         tok = tok.to(tl.int64)  # token x stride passes 2^31 at long prompts of the big mixers
-        # tokens past L load dt = 0, x = B = C = 0: decay 1, no contribution, so cum_T is the tile's total
+        # tokens past the end load dt = 0, x = B = C = 0: decay 1, no contribution, so cum_T is the tile's total
         dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)  # (T,)
         xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p,
                      mask=mask_t[:, None] & mask_p[None, :], other=0.0)  # (T, BP) input dtype
@@ -105,8 +166,8 @@ def _ssd_scan_kernel(
         total = tl.sum(A * dt, axis=0)  # cum_T
         # within-tile part: W[i, j] = exp(cum_i - cum_j)·dt_j·(C_i·B_j) for j <= i
         CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) fp32
-        seg = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
-        W = CB * tl.exp(seg) * dt[None, :]  # (T, T)
+        seg_w = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
+        W = CB * tl.exp(seg_w) * dt[None, :]  # (T, T)
         y = _mm(W.to(xt.dtype), xt, PRECISION, UPCAST)  # (T, BP)
         # carried part: exp(cum_i)·(C_i Sᵀ), the state entering the tile read by every token
         y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
@@ -118,7 +179,8 @@ def _ssd_scan_kernel(
         w = tl.exp(total - cum) * dt  # (T,)
         xw = (xt.to(tl.float32) * w[:, None]).to(xt.dtype)  # (T, BP)
         S = S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST)
-    tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
+    if seg == n_seg - 1:
+        tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
 
 
 def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
@@ -133,6 +195,30 @@ def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
     bp = min(64, max(16, triton.next_power_of_2(P)))
     nw = 8 if bt >= 128 else 4
     return bt, bp, nw
+
+
+# chains (sequence x head x P block) per SM below which a long scan is cut into segments, and the shortest
+# segment worth its extra pass over x and B (in tiles)
+_CHAINS_PER_SM = 4
+_MIN_SEG_TILES = 8
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (0 elsewhere: the interpreter runs one segment)."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _segment_len(L: int, bt: int, chains: int, sms: int) -> int:
+    """Tokens per segment of the default launch: the whole sequence (one program per chain, seed 004's form)
+    while the chains fill the GPU; otherwise as many segments as bring the programs to ``_CHAINS_PER_SM`` per
+    SM, each at least ``_MIN_SEG_TILES`` tiles, a whole number of tiles."""
+    want = -(-_CHAINS_PER_SM * sms // max(chains, 1))
+    n_seg = min(want, L // (_MIN_SEG_TILES * bt))
+    if n_seg <= 1:
+        return max(L, 1)
+    return -(-(-(-L // n_seg)) // bt) * bt
 
 
 def _check_block(name: str, v: int) -> None:
@@ -157,24 +243,33 @@ def _fallbacks(bt: int, nw: int, stages: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def default_launch(dtype: torch.dtype, L: int, P: int, N: int) -> dict:
-    """The launch options a call without any runs with in this process (after any step-down), for result rows."""
+def default_launch(dtype: torch.dtype, L: int, P: int, N: int, *, chains: int | None = None,
+                   device: torch.device | str | None = None) -> dict:
+    """The launch options a call without any runs with in this process (after any step-down), for result rows;
+    ``chains`` (batch x heads) and ``device`` also give the segment length the call picks."""
     bt, bp, nw = _blocks(L, P, N)
     bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64), (bt, nw, 2))
-    return dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages)
+    out = dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages)
+    if chains is not None and device is not None:
+        out["segment_len"] = _segment_len(L, bt, chains * -(-P // bp), _sm_count(torch.device(device)))
+    return out
 
 
 def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                           initial_state: Tensor | None = None, block_t: int | None = None,
                           block_p: int | None = None, num_warps: int | None = None,
-                          num_stages: int | None = None) -> tuple[Tensor, Tensor]:
+                          num_stages: int | None = None, segment_len: int | None = None) -> tuple[Tensor, Tensor]:
     """One-kernel SSD scan. x (B, L, H, P); dt (B, L, H) already discretized (0 on pad tokens); A (H,);
     B, C (B, L, G, N); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
     Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32 (a new tensor).
     ``block_t`` tokens per tile, ``block_p`` state rows per program (powers of two >= 16), ``num_warps``,
-    ``num_stages`` (2): launch options, the result does not depend on them. With none given, the defaults
-    of ``_blocks`` run, stepping down (``_fallbacks``) where the GPU cannot hold them; a launch option that
-    does not fit raises Triton's OutOfResources (the block-size sweep records it)."""
+    ``num_stages`` (2): launch options, the result does not depend on them (up to rounding). With none given,
+    the defaults of ``_blocks`` run, stepping down (``_fallbacks``) where the GPU cannot hold them; a launch
+    option that does not fit raises Triton's OutOfResources (the block-size sweep records it).
+    ``segment_len``: tokens per segment of a chain (a multiple of the tile, or >= L; None: ``_segment_len``, the whole
+    sequence while batch x heads fill the GPU). A chain cut into segments runs one program per segment in
+    the same launch: each first carries its segment's state alone, then takes the state entering it from the
+    program before it (decoupled look-back), passes its own on, and scans its segment."""
     bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
     for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         check_float(name, t)
@@ -187,16 +282,17 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     final = torch.empty(bsz, H, P, N, dtype=torch.float32, device=x.device)
     if bsz == 0 or H == 0:
         return y, final
+    if segment_len is not None and (segment_len < 1 or (segment_len < L and segment_len % bt)):
+        raise ValueError(f"segment_len must be a positive multiple of block_t ({bt}), or at least the sequence "
+                         f"length ({L}: one segment), got {segment_len}")
     s0 = initial_state
-    grid = (triton.cdiv(P, bp), bsz, H)
-    args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
-            L, P, N, H // G,
-            *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
-            *y.stride(), *final.stride())
+    n_pblk = triton.cdiv(P, bp)
+    bn = max(16, triton.next_power_of_2(N))
+    strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
+               *y.stride(), *final.stride())
     consts = dict(HAS_D=D is not None, HAS_INIT=s0 is not None,
                   PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-                  UPCAST=interpret_mode() and x.dtype == torch.bfloat16,
-                  BLOCK_P=bp, BLOCK_N=max(16, triton.next_power_of_2(N)))
+                  UPCAST=interpret_mode() and x.dtype == torch.bfloat16, BLOCK_P=bp, BLOCK_N=bn)
     key = (x.dtype, P, N, L > 64)
     if not chosen:
         tries = [(bt, nw, stages)]
@@ -204,9 +300,21 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
         tries = [_FALLBACK[key]]
     else:
         tries = _fallbacks(bt, nw, stages)
+    chains = bsz * H * n_pblk
     for i, (t, w, st) in enumerate(tries):
+        seg = segment_len if segment_len is not None else _segment_len(L, t, chains, _sm_count(x.device))
+        n_seg = triton.cdiv(max(L, 1), seg)
+        if n_seg > 1:  # one program per (chain, segment); look-back slots and flags (flags[0]: the ticket)
+            carry = torch.empty(chains * (n_seg - 1) * bp * bn, dtype=torch.float32, device=x.device)
+            flags = torch.zeros(1 + chains * (n_seg - 1), dtype=torch.int32, device=x.device)
+            grid = (chains * n_seg,)
+        else:
+            carry, flags = dummy(final), dummy(final, torch.int32)
+            grid = (n_pblk, bsz, H)
+        args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
+                carry, flags, L, P, N, H, H // G, n_pblk, n_seg, seg if n_seg > 1 else max(L, 1), *strides)
         try:
-            _ssd_scan_kernel[grid](*args, **consts, BLOCK_T=t, num_warps=w, num_stages=st)
+            _ssd_scan_kernel[grid](*args, **consts, SEGMENTED=n_seg > 1, BLOCK_T=t, num_warps=w, num_stages=st)
             break
         except OutOfResources:
             if i == len(tries) - 1:
