@@ -112,15 +112,18 @@ def test_segmented_chains_match_recurrence(device, bsz, L, H, P, G, N, block_t, 
 
 
 def test_segment_length_is_whole_tiles_and_only_where_the_chains_do_not_fill_the_gpu():
-    from ssmspec.ops.ssd.triton import _segment_len
-    assert _segment_len(32768, 128, 128, 132) == 6656  # seed 004: 128 chains on 132 SMs -> 5 segments, 640 programs
-    assert _segment_len(32768, 128, 16 * 112, 132) == 32768  # nemotron-h-4b mixer at batch 16: one segment
+    from ssmspec.ops.ssd.triton import _plan, _segment_len
+    assert _segment_len(32768, 64, 128, 132) == 8192  # seed 004: 128 chains on 132 SMs -> 4 segments, one wave
+    assert _segment_len(32768, 64, 16 * 112, 132) == 32768  # nemotron-h-4b mixer at batch 16: one segment
     assert _segment_len(2048, 128, 128, 132) == 1024  # at least 8 tiles a segment
     assert _segment_len(1000, 128, 128, 132) == 1000  # too short to cut
     assert _segment_len(0, 128, 1, 132) == 1 and _segment_len(5000, 64, 1, 0) == 5000  # empty; no SMs (CPU)
     for L, bt, chains in ((32768, 128, 128), (30001, 64, 40), (9000, 128, 7)):
         seg = _segment_len(L, bt, chains, 132)
-        assert seg % bt == 0 and seg >= 8 * bt
+        assert seg % bt == 0 and seg >= 8 * bt and -(-L // seg) * chains <= 4 * 132
+    assert _plan(32768, 64, 64, 16 * 8, 132) == (64, 64, 4, 8192)  # segmented: 64-token tiles at 4 warps
+    assert _plan(32768, 64, 128, 16 * 112, 132) == (128, 64, 8, 32768)  # one program per chain: seed 004's tile
+    assert _plan(40, 16, 16, 2, 0) == (64, 16, 4, 40)  # CPU: one segment, the tile of the prompt
 
 
 def test_segment_len_must_be_whole_tiles(device):

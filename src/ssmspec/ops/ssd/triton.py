@@ -197,10 +197,15 @@ def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
     return bt, bp, nw
 
 
-# chains (sequence x head x P block) per SM below which a long scan is cut into segments, and the shortest
-# segment worth its extra pass over x and B (in tiles)
-_CHAINS_PER_SM = 4
+# Segmented chains (see ``ssd_chunk_scan_triton``): at most this many programs per SM in the default cut (one
+# wave of 64-token tiles at 4 warps), each segment at least ``_MIN_SEG_TILES`` tiles; the tile and warps of a
+# segmented launch. ``ssd_kernel_blockt`` on one H100 (seed 004's 16 x 8 chains at 32K, bf16): 4 segments of
+# 8192 at BLOCK_T = 64 / 4 warps 1.41 ms, 8 segments 1.46 ms, 5 segments 1.66 ms (a partial second wave), one
+# program per chain 2.04 ms at that tile and 1.79 ms at 128 / 8 warps, whose programs do not share an SM:
+# segments made them slower (2.19-2.32 ms).
+_SLOTS_PER_SM = 4
 _MIN_SEG_TILES = 8
+_SEG_BLOCK_T, _SEG_WARPS = 64, 4
 
 
 def _sm_count(device: torch.device) -> int:
@@ -211,14 +216,24 @@ def _sm_count(device: torch.device) -> int:
 
 
 def _segment_len(L: int, bt: int, chains: int, sms: int) -> int:
-    """Tokens per segment of the default launch: the whole sequence (one program per chain, seed 004's form)
-    while the chains fill the GPU; otherwise as many segments as bring the programs to ``_CHAINS_PER_SM`` per
-    SM, each at least ``_MIN_SEG_TILES`` tiles, a whole number of tiles."""
-    want = -(-_CHAINS_PER_SM * sms // max(chains, 1))
-    n_seg = min(want, L // (_MIN_SEG_TILES * bt))
+    """Tokens per segment of the default cut: the whole sequence (one program per chain, seed 004's form) while
+    the chains fill the GPU's program slots; otherwise as many whole segments as fit the slots in one wave,
+    each at least ``_MIN_SEG_TILES`` tiles, a whole number of tiles."""
+    n_seg = min(_SLOTS_PER_SM * sms // max(chains, 1), L // (_MIN_SEG_TILES * bt))
     if n_seg <= 1:
         return max(L, 1)
     return -(-(-(-L // n_seg)) // bt) * bt
+
+
+def _plan(L: int, P: int, N: int, chains_per_pblock: int, sms: int) -> tuple[int, int, int, int]:
+    """(BLOCK_T, BLOCK_P, num_warps, segment_len) of a call without launch options: ``_blocks``, unless the
+    chains leave the GPU's program slots empty, then segments at ``_SEG_BLOCK_T`` / ``_SEG_WARPS``."""
+    bt, bp, nw = _blocks(L, P, N)
+    chains = chains_per_pblock * -(-P // bp)
+    seg = _segment_len(L, _SEG_BLOCK_T, chains, sms)
+    if seg < L:
+        return _SEG_BLOCK_T, bp, _SEG_WARPS, seg
+    return bt, bp, nw, max(L, 1)
 
 
 def _check_block(name: str, v: int) -> None:
@@ -226,7 +241,7 @@ def _check_block(name: str, v: int) -> None:
         raise ValueError(f"{name} must be a power of two >= 16 (tl.dot tiles), got {v}")
 
 
-# (dtype, P, N, L > 64) -> the (block_t, num_warps, num_stages) that fit when the defaults did not
+# (dtype, P, N, L > 64, segmented) -> the (block_t, num_warps, num_stages) that fit when the defaults did not
 _FALLBACK: dict[tuple, tuple[int, int, int]] = {}
 
 
@@ -243,16 +258,13 @@ def _fallbacks(bt: int, nw: int, stages: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def default_launch(dtype: torch.dtype, L: int, P: int, N: int, *, chains: int | None = None,
-                   device: torch.device | str | None = None) -> dict:
-    """The launch options a call without any runs with in this process (after any step-down), for result rows;
-    ``chains`` (batch x heads) and ``device`` also give the segment length the call picks."""
-    bt, bp, nw = _blocks(L, P, N)
-    bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64), (bt, nw, 2))
-    out = dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages)
-    if chains is not None and device is not None:
-        out["segment_len"] = _segment_len(L, bt, chains * -(-P // bp), _sm_count(torch.device(device)))
-    return out
+def default_launch(dtype: torch.dtype, L: int, P: int, N: int, *, chains: int = 1,
+                   device: torch.device | str = "cpu") -> dict:
+    """The launch options a call without any runs with in this process (after any step-down), for result rows:
+    ``chains`` is batch x heads, ``device`` the GPU whose SMs decide the segment length."""
+    bt, bp, nw, seg = _plan(L, P, N, chains, _sm_count(torch.device(device)))
+    bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64, seg < L), (bt, nw, 2))
+    return dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages, segment_len=seg)
 
 
 def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
@@ -263,18 +275,23 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     B, C (B, L, G, N); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
     Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32 (a new tensor).
     ``block_t`` tokens per tile, ``block_p`` state rows per program (powers of two >= 16), ``num_warps``,
-    ``num_stages`` (2): launch options, the result does not depend on them (up to rounding). With none given,
-    the defaults of ``_blocks`` run, stepping down (``_fallbacks``) where the GPU cannot hold them; a launch
-    option that does not fit raises Triton's OutOfResources (the block-size sweep records it).
-    ``segment_len``: tokens per segment of a chain (a multiple of the tile, or >= L; None: ``_segment_len``, the whole
-    sequence while batch x heads fill the GPU). A chain cut into segments runs one program per segment in
-    the same launch: each first carries its segment's state alone, then takes the state entering it from the
-    program before it (decoupled look-back), passes its own on, and scans its segment."""
+    ``num_stages`` (2), ``segment_len``: launch options, the result does not depend on them (up to rounding).
+    ``segment_len`` is the tokens per segment of a chain (sequence, head, P block), a multiple of the tile or
+    >= L (one segment). A chain cut into segments runs one program per segment in the same launch: each
+    first carries its segment's state alone, then takes the state entering it from the program before it
+    (decoupled look-back), passes its own on, and scans its segment. With no option given, ``_plan`` picks
+    the blocks and the cut (one segment while batch x heads fill the GPU), stepping down (``_fallbacks``)
+    where the GPU cannot hold them; a launch option that does not fit raises Triton's OutOfResources (the
+    block-size sweep records it)."""
     bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
     for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         check_float(name, t)
-    bt, bp, nw = _blocks(L, P, N)
     chosen = block_t is None and num_warps is None and num_stages is None
+    if chosen and segment_len is None:  # the default plan: blocks and the segment cut
+        bt, bp, nw, segment_len = _plan(L, P, N, bsz * H, _sm_count(x.device))
+        bp = block_p or bp
+    else:
+        bt, bp, nw = _blocks(L, P, N)
     bt, bp, nw, stages = block_t or bt, block_p or bp, num_warps or nw, num_stages or 2
     _check_block("block_t", bt)
     _check_block("block_p", bp)
@@ -293,7 +310,7 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     consts = dict(HAS_D=D is not None, HAS_INIT=s0 is not None,
                   PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
                   UPCAST=interpret_mode() and x.dtype == torch.bfloat16, BLOCK_P=bp, BLOCK_N=bn)
-    key = (x.dtype, P, N, L > 64)
+    key = (x.dtype, P, N, L > 64, segment_len is not None and segment_len < L)
     if not chosen:
         tries = [(bt, nw, stages)]
     elif key in _FALLBACK:
@@ -302,7 +319,7 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
         tries = _fallbacks(bt, nw, stages)
     chains = bsz * H * n_pblk
     for i, (t, w, st) in enumerate(tries):
-        seg = segment_len if segment_len is not None else _segment_len(L, t, chains, _sm_count(x.device))
+        seg = segment_len if segment_len is not None else max(L, 1)
         n_seg = triton.cdiv(max(L, 1), seg)
         if n_seg > 1:  # one program per (chain, segment); look-back slots and flags (flags[0]: the ticket)
             carry = torch.empty(chains * (n_seg - 1) * bp * bn, dtype=torch.float32, device=x.device)
