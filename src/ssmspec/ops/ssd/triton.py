@@ -198,14 +198,15 @@ def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
 
 
 # Segmented chains (see ``ssd_chunk_scan_triton``): at most this many programs per SM in the default cut (one
-# wave of 64-token tiles at 4 warps), each segment at least ``_MIN_SEG_TILES`` tiles; the tile and warps of a
-# segmented launch. ``ssd_kernel_blockt`` on one H100 (seed 004's 16 x 8 chains at 32K, bf16): 4 segments of
-# 8192 at BLOCK_T = 64 / 4 warps 1.41 ms, 8 segments 1.46 ms, 5 segments 1.66 ms (a partial second wave), one
-# program per chain 2.04 ms at that tile and 1.79 ms at 128 / 8 warps, whose programs do not share an SM:
-# segments made them slower (2.19-2.32 ms).
+# wave), each segment at least ``_MIN_SEG_TILES`` tiles; the tile and warps of a segmented launch.
+# ``ssd_kernel_blockt`` on one H100 (seed 004's 16 x 8 chains at 32K, bf16; results/ssd_kernel_blockt/gpu):
+# 4 segments of 8192 tokens at BLOCK_T = 32 / 2 warps 1.22 ms, 8 segments 1.25 ms, 16 segments 1.32 ms; at
+# BLOCK_T = 64 / 4 warps 1.41 ms (5 segments, a partial second wave, 1.66 ms in an earlier run); one program
+# per chain 1.80 ms at 128 / 8 warps (seed 004's form), whose programs do not share an SM and only get slower
+# when cut (2.14 ms at 2 segments).
 _SLOTS_PER_SM = 4
 _MIN_SEG_TILES = 8
-_SEG_BLOCK_T, _SEG_WARPS = 64, 4
+_SEG_BLOCK_T, _SEG_WARPS = 32, 2
 
 
 def _sm_count(device: torch.device) -> int:
