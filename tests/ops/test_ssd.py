@@ -123,6 +123,9 @@ def test_segment_length_is_whole_tiles_and_only_where_the_chains_do_not_fill_the
         assert seg % bt == 0 and seg >= 8 * bt and -(-L // seg) * chains <= 4 * 132
     assert _plan(32768, 64, 64, 16 * 8, 132) == (32, 64, 2, 8192)  # segmented: 32-token tiles at 2 warps
     assert _plan(32768, 64, 128, 16 * 112, 132) == (128, 64, 8, 32768)  # one program per chain: seed 004's tile
+    assert _plan(8192, 64, 128, 112, 132) == (64, 64, 4, 4096)  # N = 128, batch 1: 2 programs an SM
+    assert _plan(4096, 64, 128, 224, 132) == (64, 64, 4, 4096)  # batch 2: the small tile, not cut
+    assert _plan(100, 64, 64, 8, 132) == (32, 64, 2, 100)  # too short to cut
     assert _plan(40, 16, 16, 2, 0) == (64, 16, 4, 40)  # CPU: one segment, the tile of the prompt
 
 

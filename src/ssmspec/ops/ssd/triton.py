@@ -197,16 +197,17 @@ def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
     return bt, bp, nw
 
 
-# Segmented chains (see ``ssd_chunk_scan_triton``): at most this many programs per SM in the default cut (one
-# wave), each segment at least ``_MIN_SEG_TILES`` tiles; the tile and warps of a segmented launch.
-# ``ssd_kernel_blockt`` on one H100 (seed 004's 16 x 8 chains at 32K, bf16; results/ssd_kernel_blockt/gpu):
-# 4 segments of 8192 tokens at BLOCK_T = 32 / 2 warps 1.22 ms, 8 segments 1.25 ms, 16 segments 1.32 ms; at
-# BLOCK_T = 64 / 4 warps 1.41 ms (5 segments, a partial second wave, 1.66 ms in an earlier run); one program
-# per chain 1.80 ms at 128 / 8 warps (seed 004's form), whose programs do not share an SM and only get slower
-# when cut (2.14 ms at 2 segments).
-_SLOTS_PER_SM = 4
+# Grids that leave program slots empty (see ``_plan``): the tile, warps and programs an SM holds, by state
+# width. Measured with ``ssd_kernel_blockt`` and single launches on one H100 (bf16):
+# - N = 64 (seed 004's 16 x 8 chains at 32K; results/ssd_kernel_blockt/gpu): 4 segments of 8192 tokens at
+#   BLOCK_T = 32 / 2 warps 1.22 ms, 8 segments 1.25 ms, 16 segments 1.32 ms; at BLOCK_T = 64 / 4 warps 1.41 ms;
+#   one program per chain 1.80 ms at 128 / 8 warps (seed 004's form), whose programs do not share an SM and
+#   only get slower when cut (2.14 ms at 2 segments). 4 x 8 chains at 16K: 16 segments at 32 / 2 0.19 ms.
+# - N = 128 (one nemotron-h-4b mixer at batch 1, 8K tokens: 112 chains): 2 segments at 64 / 4 warps 435 us,
+#   32 / 2 warps 615-887 us, one program per chain 560 us at 128 / 8; at batch 2, 4K (224 chains) one program
+#   per chain at 64 / 4 366 us against 544 us at 128 / 8 and 446 us cut in 2.
+_SMALL_GRID = {64: (32, 2, 4), 128: (64, 4, 2)}  # BLOCK_N up to -> (BLOCK_T, num_warps, programs per SM)
 _MIN_SEG_TILES = 8
-_SEG_BLOCK_T, _SEG_WARPS = 32, 2
 
 
 def _sm_count(device: torch.device) -> int:
@@ -216,25 +217,28 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _segment_len(L: int, bt: int, chains: int, sms: int) -> int:
+def _segment_len(L: int, bt: int, chains: int, sms: int, slots: int = 4) -> int:
     """Tokens per segment of the default cut: the whole sequence (one program per chain, seed 004's form) while
-    the chains fill the GPU's program slots; otherwise as many whole segments as fit the slots in one wave,
-    each at least ``_MIN_SEG_TILES`` tiles, a whole number of tiles."""
-    n_seg = min(_SLOTS_PER_SM * sms // max(chains, 1), L // (_MIN_SEG_TILES * bt))
+    the chains fill the GPU's ``slots`` programs an SM; otherwise as many whole segments as fit the slots in
+    one wave, each at least ``_MIN_SEG_TILES`` tiles, a whole number of tiles."""
+    n_seg = min(slots * sms // max(chains, 1), L // (_MIN_SEG_TILES * bt))
     if n_seg <= 1:
         return max(L, 1)
     return -(-(-(-L // n_seg)) // bt) * bt
 
 
 def _plan(L: int, P: int, N: int, chains_per_pblock: int, sms: int) -> tuple[int, int, int, int]:
-    """(BLOCK_T, BLOCK_P, num_warps, segment_len) of a call without launch options: ``_blocks``, unless the
-    chains leave the GPU's program slots empty, then segments at ``_SEG_BLOCK_T`` / ``_SEG_WARPS``."""
+    """(BLOCK_T, BLOCK_P, num_warps, segment_len) of a call without launch options: ``_blocks`` while the
+    chains fill the GPU; a grid that leaves program slots empty takes the smaller tile of ``_SMALL_GRID`` (by
+    N), and cuts its chains into segments where one wave holds more than one program a chain."""
     bt, bp, nw = _blocks(L, P, N)
     chains = chains_per_pblock * -(-P // bp)
-    seg = _segment_len(L, _SEG_BLOCK_T, chains, sms)
-    if seg < L:
-        return _SEG_BLOCK_T, bp, _SEG_WARPS, seg
-    return bt, bp, nw, max(L, 1)
+    bn = max(16, triton.next_power_of_2(N))
+    small_bt, small_nw, slots = _SMALL_GRID[64 if bn <= 64 else 128]
+    if chains >= slots * sms:
+        return bt, bp, nw, max(L, 1)
+    small_bt = min(small_bt, bt)  # short prompts: the tile of the prompt
+    return small_bt, bp, small_nw, _segment_len(L, small_bt, chains, sms, slots)
 
 
 def _check_block(name: str, v: int) -> None:
