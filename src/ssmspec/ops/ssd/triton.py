@@ -1,7 +1,10 @@
-"""The Mamba-2 SSD prefill scan as one Triton kernel (seed 004: one program per chunk chain).
+"""The Mamba-2 SSD prefill scan as one Triton kernel (seed 004: one program per chunk chain, or per segment).
 
-Each program owns one (sequence b, head h, BLOCK_P rows of P) slice and walks the whole sequence in tiles
-of BLOCK_T tokens, carrying its fp32 state tile S (BLOCK_P, N) in registers from tile to tile. Inside a
+Each chain -- one (sequence b, head h, BLOCK_P rows of P) slice -- walks the sequence in tiles of BLOCK_T
+tokens, carrying its fp32 state tile S (BLOCK_P, N) in registers from tile to tile. A chain is one program
+while the chains fill the GPU; on a grid that would leave SMs idle (seed 004's 16 x 8 chains on 132 SMs)
+the same launch cuts each chain into segments, one program each, that hand their states on by decoupled
+look-back (``_ssd_scan_kernel``, ``_plan``): the cost is one more read of x and B. Inside a
 tile the recurrence is unrolled (DESIGN.md section 1) into its parallel, masked-quadratic form, every
 product a tensor-core ``tl.dot``; with cum_t = Σ_{i<=t} A·dt_i over the tile's tokens:
 
@@ -10,8 +13,9 @@ product a tensor-core ``tl.dot``; with cum_t = Σ_{i<=t} A·dt_i over the tile's
 
 mamba_ssm's ``mamba_chunk_scan_combined`` computes the same thing in five launches (cumsum, chunk state,
 state passing, C·Bᵀ, chunk scan) with HBM round trips of the per-chunk states between them; here the
-chain over tiles is sequential inside one program, so the states never leave registers and the inputs
-are read once (the loads of tile c+1 do not depend on the state and are software-pipelined, num_stages).
+chain over tiles is sequential inside one program (or segment), so the states leave registers only at
+segment boundaries and the inputs are read once, twice for x and B when cut (the loads of tile c+1 do not
+depend on the state and are software-pipelined, num_stages).
 
 Precision: dot operands are in the input dtype with fp32 accumulation (bf16 / fp16 inputs: the weights
 and the state operand are rounded to that dtype before the tensor-core products, as mamba_ssm does);
@@ -22,8 +26,9 @@ Pads: a token with dt = 0 has decay exp(0) = 1 and adds dt·x Bᵀ = 0, so left 
 
 The kernel writes only its own outputs and a fresh final-state tensor, but it is still not autotuned (an
 autotuner would time inside the first prefill and hide the choice): block sizes are launch options
-(``block_t``, ``block_p``, ``num_warps``, ``num_stages``) so the ``ssd_kernel_blockt`` experiment measures
-every choice; ``_blocks`` holds the defaults, which step down (``_fallbacks``) on a GPU that cannot hold them.
+(``block_t``, ``block_p``, ``num_warps``, ``num_stages``, ``segment_len``) so the ``ssd_kernel_blockt``
+experiment measures every choice; ``_plan`` holds the defaults, which step down (``_fallbacks``) on a GPU that
+cannot hold them.
 """
 from __future__ import annotations
 
