@@ -26,6 +26,12 @@ def test_relu_square_reads_strided_input(device):
     torch.testing.assert_close(relu_square(x, backend="triton"), relu_square_ref(x), rtol=0, atol=0)
 
 
+def test_relu_square_keeps_gradients_through_the_twin(device):
+    x = torch.randn(4, 8, device=device, requires_grad=True)
+    relu_square(x, backend="triton").sum().backward()
+    torch.testing.assert_close(x.grad, 2 * torch.relu(x.detach()))
+
+
 def test_relu_square_refuses_float64_with_the_fix(device):
     with pytest.raises(ValueError, match="backend='reference'"):
         relu_square(torch.ones(3, dtype=torch.float64, device=device), backend="triton")

@@ -7,6 +7,7 @@ the naive twin elsewhere (``ops.dispatch``); both round to x's dtype once, after
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ssmspec.ops.activation.naive import relu_square_ref
@@ -14,8 +15,9 @@ from ssmspec.ops.dispatch import use_triton
 
 
 def relu_square(x: Tensor, *, backend: str = "auto") -> Tensor:
-    """relu(x)² in x's dtype (computed in fp32, rounded once), any shape; a new tensor."""
-    if use_triton(x, backend=backend):
+    """relu(x)² in x's dtype (computed in fp32, rounded once), any shape; a new tensor. The kernel has no
+    backward: a call that autograd records runs the twin."""
+    if use_triton(x, backend=backend) and not (x.requires_grad and torch.is_grad_enabled()):
         from ssmspec.ops.activation.triton import relu_square_triton
         return relu_square_triton(x)
     return relu_square_ref(x)
