@@ -57,12 +57,13 @@ def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _tile_carry(S, x_base, dt_base, B_base, t0, seg_end, A, offs_t, offs_p, offs_n, mask_p, mask_n,
-                x_l, x_p, dt_l, B_l, B_n, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """The carry of one tile alone (phase 1 of a segmented chain): S <- exp(cum_T)·S + (x ∘ w)ᵀ B, with the
-    same roundings as the full tile of ``_ssd_scan_kernel``. Returns (S, cum_T)."""
+def _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n):
+    """One tile's inputs of the carry: token offsets (int64: token x stride passes 2^31 at long prompts of the
+    big mixers) and mask, dt (T,) fp32, x (T, BP) in the input dtype, B (T, BN) in x's dtype, and the
+    log-decays cum_t = Σ_{i<=t} A·dt_i (T,) and cum_T. Tokens past ``end`` load dt = 0, x = B = 0: decay 1,
+    no contribution, so cum_T is the tile's total."""
     tok = t0 + offs_t
-    mask_t = tok < seg_end
+    mask_t = tok < end
     tok = tok.to(tl.int64)
     dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)
     xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_t[:, None] & mask_p[None, :],
@@ -71,8 +72,16 @@ def _tile_carry(S, x_base, dt_base, B_base, t0, seg_end, A, offs_t, offs_p, offs
                  other=0.0).to(xt.dtype)
     cum = tl.cumsum(A * dt, axis=0)
     total = tl.sum(A * dt, axis=0)
-    xw = (xt.to(tl.float32) * (tl.exp(total - cum) * dt)[:, None]).to(xt.dtype)
-    return S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST), total
+    return tok, mask_t, dt, xt, Bt, cum, total
+
+
+@triton.jit
+def _carry(S, xt, Bt, dt, cum, total, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """S <- exp(cum_T)·S + (x ∘ w)ᵀ B with w_j = exp(cum_T - cum_j)·dt_j: (BP, T) @ (T, BN); x·w rounded to
+    the input dtype before the product."""
+    w = tl.exp(total - cum) * dt  # (T,)
+    xw = (xt.to(tl.float32) * w[:, None]).to(xt.dtype)  # (T, BP)
+    return S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -135,40 +144,29 @@ def _ssd_scan_kernel(
         blk = tl.arange(0, BLOCK_P)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (BP, BN) slot offsets
         slot = carry_ptr + chain.to(tl.int64) * (n_seg - 1) * BLOCK_P * BLOCK_N
         flags = flag_ptr + 1 + chain * (n_seg - 1)
-        if seg < n_seg - 1:
-            Sl = S
-            decay = 0.0
+        Sl = S
+        decay = 0.0
+        if seg < n_seg - 1:  # the last segment passes nothing on
             for t0 in range(start, end, BLOCK_T):
-                Sl, total = _tile_carry(Sl, x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n, mask_p,
-                                        mask_n, x_l, x_p, dt_l, B_l, B_n, PRECISION, UPCAST)
+                _, _, dt, xt, Bt, cum, total = _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p,
+                                                        offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n)
+                Sl = _carry(Sl, xt, Bt, dt, cum, total, PRECISION, UPCAST)
                 decay += total
-            if seg > 0:
-                while tl.atomic_add(flags + seg - 1, 0, sem="acquire") == 0:
-                    pass
-                S = tl.load(slot + (seg - 1) * BLOCK_P * BLOCK_N + blk, cache_modifier=".cg")
-                Sl = S * tl.exp(decay) + Sl
-            tl.store(slot + seg * BLOCK_P * BLOCK_N + blk, Sl)
-            tl.debug_barrier()  # every thread's part of the slot is written before the flag goes up
-            tl.atomic_xchg(flags + seg, 1, sem="release")
-        else:
+        if seg > 0:
             while tl.atomic_add(flags + seg - 1, 0, sem="acquire") == 0:
                 pass
             S = tl.load(slot + (seg - 1) * BLOCK_P * BLOCK_N + blk, cache_modifier=".cg")
+            Sl = S * tl.exp(decay) + Sl
+        if seg < n_seg - 1:
+            tl.store(slot + seg * BLOCK_P * BLOCK_N + blk, Sl)
+            tl.debug_barrier()  # every thread's part of the slot is written before the flag goes up
+            tl.atomic_xchg(flags + seg, 1, sem="release")
     causal = offs_t[:, None] >= offs_t[None, :]  # (T, T): token i reads token j <= i
     for t0 in range(start, end, BLOCK_T):
-        tok = t0 + offs_t  # (T,)
-        mask_t = tok < end
-        tok = tok.to(tl.int64)  # token x stride passes 2^31 at long prompts of the big mixers
-        # tokens past the end load dt = 0, x = B = C = 0: decay 1, no contribution, so cum_T is the tile's total
-        dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)  # (T,)
-        xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p,
-                     mask=mask_t[:, None] & mask_p[None, :], other=0.0)  # (T, BP) input dtype
-        Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n,
-                     mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN), x's dtype
+        tok, mask_t, dt, xt, Bt, cum, total = _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n,
+                                                        mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n)
         Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN)
-        cum = tl.cumsum(A * dt, axis=0)  # (T,) log-decay from the tile start through token t
-        total = tl.sum(A * dt, axis=0)  # cum_T
         # within-tile part: W[i, j] = exp(cum_i - cum_j)·dt_j·(C_i·B_j) for j <= i
         CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) fp32
         seg_w = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
@@ -180,10 +178,7 @@ def _ssd_scan_kernel(
             y += Dh * xt.to(tl.float32)
         tl.store(y_base + tok[:, None] * y_l + offs_p[None, :] * y_p, y.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_p[None, :])
-        # carry: S <- exp(cum_T)·S + (x ∘ w)ᵀ B with w_j = exp(cum_T - cum_j)·dt_j  (BP, T) @ (T, BN)
-        w = tl.exp(total - cum) * dt  # (T,)
-        xw = (xt.to(tl.float32) * w[:, None]).to(xt.dtype)  # (T, BP)
-        S = S * tl.exp(total) + _mm(tl.trans(xw), Bt, PRECISION, UPCAST)
+        S = _carry(S, xt, Bt, dt, cum, total, PRECISION, UPCAST)
     if seg == n_seg - 1:
         tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
 
@@ -299,7 +294,6 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     chosen = block_t is None and num_warps is None and num_stages is None
     if chosen and segment_len is None:  # the default plan: blocks and the segment cut
         bt, bp, nw, segment_len = _plan(L, P, N, bsz * H, _sm_count(x.device))
-        bp = block_p or bp
     else:
         bt, bp, nw = _blocks(L, P, N)
     bt, bp, nw, stages = block_t or bt, block_p or bp, num_warps or nw, num_stages or 2
@@ -328,18 +322,18 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     else:
         tries = _fallbacks(bt, nw, stages)
     chains = bsz * H * n_pblk
+    seg = segment_len if segment_len is not None else max(L, 1)
+    n_seg = triton.cdiv(max(L, 1), seg)  # a step-down halves the tile, which still divides the segment
+    if n_seg > 1:  # one program per (chain, segment); look-back slots and flags (flags[0]: the ticket)
+        carry = torch.empty(chains * (n_seg - 1) * bp * bn, dtype=torch.float32, device=x.device)
+        flags = torch.zeros(1 + chains * (n_seg - 1), dtype=torch.int32, device=x.device)
+        grid = (chains * n_seg,)
+    else:
+        carry, flags = dummy(final), dummy(final, torch.int32)
+        grid = (n_pblk, bsz, H)
+    args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
+            carry, flags, L, P, N, H, H // G, n_pblk, n_seg, seg, *strides)
     for i, (t, w, st) in enumerate(tries):
-        seg = segment_len if segment_len is not None else max(L, 1)
-        n_seg = triton.cdiv(max(L, 1), seg)
-        if n_seg > 1:  # one program per (chain, segment); look-back slots and flags (flags[0]: the ticket)
-            carry = torch.empty(chains * (n_seg - 1) * bp * bn, dtype=torch.float32, device=x.device)
-            flags = torch.zeros(1 + chains * (n_seg - 1), dtype=torch.int32, device=x.device)
-            grid = (chains * n_seg,)
-        else:
-            carry, flags = dummy(final), dummy(final, torch.int32)
-            grid = (n_pblk, bsz, H)
-        args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
-                carry, flags, L, P, N, H, H // G, n_pblk, n_seg, seg if n_seg > 1 else max(L, 1), *strides)
         try:
             _ssd_scan_kernel[grid](*args, **consts, SEGMENTED=n_seg > 1, BLOCK_T=t, num_warps=w, num_stages=st)
             break
