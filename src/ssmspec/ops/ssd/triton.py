@@ -57,11 +57,10 @@ def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n):
+def _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n):
     """One tile's inputs of the carry: token offsets (int64: token x stride passes 2^31 at long prompts of the
-    big mixers) and mask, dt (T,) fp32, x (T, BP) in the input dtype, B (T, BN) in x's dtype, and the
-    log-decays cum_t = Σ_{i<=t} A·dt_i (T,) and cum_T. Tokens past ``end`` load dt = 0, x = B = 0: decay 1,
-    no contribution, so cum_T is the tile's total."""
+    big mixers) and mask, dt (T,) fp32, x (T, BP) in the input dtype, B (T, BN) in x's dtype. Tokens past
+    ``end`` load dt = 0, x = B = 0: decay 1, no contribution, so the tile's log-decay sum is its total."""
     tok = t0 + offs_t
     mask_t = tok < end
     tok = tok.to(tl.int64)
@@ -70,9 +69,7 @@ def _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n, mask_p
                  other=0.0)
     Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n, mask=mask_t[:, None] & mask_n[None, :],
                  other=0.0).to(xt.dtype)
-    cum = tl.cumsum(A * dt, axis=0)
-    total = tl.sum(A * dt, axis=0)
-    return tok, mask_t, dt, xt, Bt, cum, total
+    return tok, mask_t, dt, xt, Bt
 
 
 @triton.jit
@@ -148,8 +145,10 @@ def _ssd_scan_kernel(
         decay = 0.0
         if seg < n_seg - 1:  # the last segment passes nothing on
             for t0 in range(start, end, BLOCK_T):
-                _, _, dt, xt, Bt, cum, total = _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p,
-                                                        offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n)
+                _, _, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p, mask_n,
+                                            x_l, x_p, dt_l, B_l, B_n)
+                cum = tl.cumsum(A * dt, axis=0)
+                total = tl.sum(A * dt, axis=0)
                 Sl = _carry(Sl, xt, Bt, dt, cum, total, PRECISION, UPCAST)
                 decay += total
         if seg > 0:
@@ -163,10 +162,12 @@ def _ssd_scan_kernel(
             tl.atomic_xchg(flags + seg, 1, sem="release")
     causal = offs_t[:, None] >= offs_t[None, :]  # (T, T): token i reads token j <= i
     for t0 in range(start, end, BLOCK_T):
-        tok, mask_t, dt, xt, Bt, cum, total = _tile_xb(x_base, dt_base, B_base, t0, end, A, offs_t, offs_p, offs_n,
-                                                        mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n)
+        tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p, mask_n,
+                                           x_l, x_p, dt_l, B_l, B_n)
         Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN)
+        cum = tl.cumsum(A * dt, axis=0)  # (T,) log-decay from the tile start through token t
+        total = tl.sum(A * dt, axis=0)  # cum_T
         # within-tile part: W[i, j] = exp(cum_i - cum_j)·dt_j·(C_i·B_j) for j <= i
         CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) fp32
         seg_w = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
