@@ -183,13 +183,18 @@ REPLAY = [  # (L, R, head, count, flush, scale); batch 2, ODD sizes
     pytest.param(5, 5, [4, 2], [5, 3], [True, True], None, id="ring-smaller-than-two-windows"),
     pytest.param(3, 12, [9, 4], [7, 2], None, None, id="flush-rule-in-kernel"),  # None: count + 2L > R
     pytest.param(6, 12, [0, 7], [0, 0], [True, False], None, id="empty-ring-flush"),
+    # the inverse (I + A)^-1 by doubling: L = 2 takes no squaring, L = 9 three
+    pytest.param(2, 8, [7, 1], [4, 0], [False, True], None, id="verify-S1-R8"),
+    pytest.param(9, 20, [15, 2], [2, 11], None, None, id="verify-S8-R20-flush-rule"),
 ]
 
 
 FORMS = [pytest.param(torch.bfloat16, dict(gemm=False), id="bf16-rows"),
          pytest.param(torch.float32, dict(gemm=False), id="fp32-rows"),
          pytest.param(torch.bfloat16, dict(gemm=True), id="bf16-gemm"),  # the GEMM form (tf32 for 16-bit inputs)
-         pytest.param(torch.float32, dict(gemm=True), id="fp32-gemm")]  # ... tf32x3 for fp32 inputs
+         pytest.param(torch.float32, dict(gemm=True), id="fp32-gemm"),  # ... tf32x3 for fp32 inputs
+         # the state streamed in several chunks of N (48 = 3 x 16), over 3 column blocks of P = 80
+         pytest.param(torch.bfloat16, dict(gemm=True, block_k=16, block_p=32), id="bf16-gemm-chunks")]
 
 
 @pytest.mark.parametrize("L,R,head,count,flush,scale", REPLAY)
