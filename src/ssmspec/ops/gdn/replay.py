@@ -12,7 +12,7 @@ host sync):
    measured 6x (R = 16) to 90x (R = 32) slower on an H100 (44 -> 281 us, 59 -> 5157 us at batch 256), and
    computed inside the state kernel (on tensor cores, per value head and column block) 1.0-2.7x slower;
 2. the state kernel, one program per (sequence, value head, BLOCK_P columns), in one of two forms:
-   - ``_verify_kernel`` (the GEMM form; default for 16-bit inputs from 3 tokens): streams its checkpoint
+   - ``_verify_kernel`` (the GEMM form; default for multi-token calls of 16-bit inputs): streams its checkpoint
      tile S0 (N, BLOCK_P) in chunks of N rows through a software pipeline into [K; Q]·S0 on tensor cores
      (on flush steps each chunk is folded and stored first, the only state store), then the WY form on
      (L, ·) tiles: (I + A)⁻¹ by doubling, U = T·R and y as small GEMMs. Streaming made a step of L = 7
@@ -341,7 +341,7 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     ``gemm`` picks the form of multi-token calls: True streams the state through one kernel that runs the fold,
     the readout and the scores as GEMMs; False runs a scores launch, then a state kernel of rank-1 updates and
     column reductions; None (default) takes the GEMM form for 16-bit
-    inputs of 3 or more tokens. One-token calls take the row form.
+    inputs of 2 or more tokens. One-token calls take the row form.
     ``precision`` is the tl.dot input precision of the GEMM form: default tf32 for 16-bit inputs (a 10-bit
     mantissa, 8x finer than the bf16 activations and the bf16 ring entries u; fla's chunk kernels multiply the
     state in bf16; the keys and queries, 16-bit values, multiply exactly) and tf32x3 (fp32-accurate) for fp32
@@ -368,10 +368,9 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
     y = torch.empty_like(v)
     flag = flush if flush is not None else count  # bool is read as int1; None: the rule, decided in-kernel
     has_flush = flush is not None
-    # default: the GEMM form from 3 tokens a call (H100, Qwen3.5-4B mixer, batch 256, R = 32, in units of one
-    # fla decode step: L = 2 rows 1.06-1.09x / GEMM 1.16-1.18x, L = 3 1.21-1.39x / 1.23-1.26x, L = 4 1.45-1.73x
-    # / 1.30-1.33x, L = 7 2.28-2.83x / 1.49-1.57x)
-    gemm = (half and L >= 3 if gemm is None else bool(gemm)) and L >= 2
+    # default: the GEMM form for 16-bit inputs (H100, Qwen3.5-4B mixer, batch 256, R = 32, in units of one fla
+    # decode step, rows / GEMM: L = 2 1.06-1.09x / 0.62-0.64x, L = 3 1.21-1.39x / 0.66-0.69x)
+    gemm = (half if gemm is None else bool(gemm)) and L >= 2
     BR = max(16 if gemm else 2, triton.next_power_of_2(R))  # tl.dot needs >= 16 on every dimension
     BL = max(16 if gemm else 2, triton.next_power_of_2(L))
     BN = max(16, triton.next_power_of_2(N))
