@@ -182,8 +182,9 @@ def _verify_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr
                    S_b, S_h, S_n, S_p, rk_b, rk_r, rk_g, rk_n, ru_b, ru_r, ru_h, ru_p, rg_b, rg_r, rg_h,
                    q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p, g_b, g_l, g_h, be_b, be_l, be_h,
                    y_b, y_l, y_h, y_p,
-                   HAS_FLUSH: tl.constexpr, PRECISION: tl.constexpr, INV_STEPS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr,
-                   BLOCK_L: tl.constexpr, STAGES: tl.constexpr):
+                   HAS_FLUSH: tl.constexpr, PRECISION: tl.constexpr, INV_STEPS: tl.constexpr,
+                   BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_L: tl.constexpr,
+                   STAGES: tl.constexpr):
     """The GEMM form of a multi-token call (seed 000, Alg. 8), one program per (column block, sequence, value
     head). The state tile streams through in BLOCK_K-row chunks (``STAGES`` deep), each feeding [K; Q]·S0 on
     tensor cores at ``PRECISION``; on flush steps each chunk is folded first (S0 <- exp(Σg)·S0 + (Kᵀ ∘ w) U over
@@ -261,7 +262,7 @@ def _verify_kernel(S_ptr, rk_ptr, ru_ptr, rg_ptr, head_ptr, count_ptr, flush_ptr
     beta = tl.load(beta_ptr + b * be_b + offs_l * be_l + h * be_h, mask=mask_l, other=0.0).to(tl.float32)
     eg = tl.exp(gam)
     Wr = tl.where(m_lr, tl.exp(gam[:, None] - cumr[None, :]), 0.0)  # (BLOCK_L, BLOCK_R) entry j -> token s
-    Rm = beta[:, None] * (V - eg[:, None] * HK - tl.dot(Wr * KKr, Ur, input_precision=PRECISION))  # (BLOCK_L, BLOCK_P)
+    Rm = beta[:, None] * (V - eg[:, None] * HK - tl.dot(Wr * KKr, Ur, input_precision=PRECISION))  # (L, BLOCK_P)
     Dn = tl.where(lower, tl.exp(gam[:, None] - gam[None, :]), 0.0)  # (BLOCK_L, BLOCK_L) token t -> token s
     A = tl.where(offs_l[:, None] > offs_l[None, :], beta[:, None] * Dn * KKn, 0.0)  # strictly lower triangular
     T = _inverse_unit_lower(A, offs_l, INV_STEPS, PRECISION)
