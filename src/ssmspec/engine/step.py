@@ -121,8 +121,7 @@ class DecodeStep:
         for c in self.kv:
             c.length.zero_()
         h = self.model.hidden(ids, self.ctx)[:, -1:]  # (B, 1, d): the LM head at the last position only
-        logits = self.model.lm_head(h.to(self.model.lm_head.weight.dtype))  # (B, 1, V)
-        logits = logits.float() if self.fp32_logits else logits
+        logits = self.model.logits(h, fp32=self.fp32_logits)  # (B, 1, V)
         for c in self.kv:
             c.start.copy_(pads)
             c.commit(torch.arange(bsz, device=dev), torch.arange(T, device=dev)[None].expand(bsz, T),

@@ -92,7 +92,10 @@ class HybridLM(nn.Module):
         ``fp32=False`` returns the LM head's output in the model dtype (its fp32 upcast is exact): for callers
         that only rank the logits, it saves writing and re-reading an fp32 copy of (B', L, V) -- at batch 256,
         4 tokens and a 131K vocabulary that copy is 0.5 GB a step."""
-        h = self.hidden(input_ids, ctx)
+        return self.logits(self.hidden(input_ids, ctx), fp32=fp32)
+
+    def logits(self, h: Tensor, *, fp32: bool = True) -> Tensor:
+        """The LM head on hidden states h (..., d): logits (..., V) in fp32, or in the model dtype (``forward``)."""
         logits = self.lm_head(h.to(self.lm_head.weight.dtype))
         return logits.float() if fp32 else logits
 

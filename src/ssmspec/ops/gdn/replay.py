@@ -314,7 +314,7 @@ def _row_blocks(N: int, P: int, L: int) -> tuple[int, int]:
     return min(16 if N >= 64 else 32, max(8, triton.next_power_of_2(P))), 4
 
 
-def _verify_blocks(N: int, P: int) -> tuple[int, int, int, int]:
+def _verify_blocks(P: int) -> tuple[int, int, int, int]:
     """(BLOCK_P, num_warps, BLOCK_K, stages) of the GEMM-form kernel, by hand (it writes S0 in place on flush
     steps: never autotuned). Measured on an H100, Qwen3.5-4B mixer (N = P = 128), batch 256, L = 7, R = 32 /
     16, 0 and 6 accepted, in units of fla's fused recurrent decode step (439 us): 128 columns x 4 warps,
@@ -385,7 +385,7 @@ def gdn_replay_verify_triton(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g:
                              *ring_k.stride(), *q.stride(), *k.stride(), HAS_FLUSH=has_flush, BLOCK_R=BR,
                              BLOCK_L=BL, BLOCK_N=BN, num_warps=4 if BR * BN <= 4096 else 8)
     if gemm:
-        bp, nw, bk, stages = _verify_blocks(N, P)
+        bp, nw, bk, stages = _verify_blocks(P)
         bp, nw, bk, stages = block_p or bp, num_warps or nw, block_k or bk, num_stages or stages
         _verify_kernel[(triton.cdiv(P, bp), bsz, H)](
             S0, ring_k, ring_u, ring_g, head, count, flag, q, k, v, g, beta, kk_r, kq_r, kk_n, kq_n, y,
