@@ -12,12 +12,14 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
    Any problem raises ``UserError`` before a file is written.
 2. write config.yaml (fully resolved) and env.json into a temporary directory inside ``out_dir``,
    then stream the bench function's rows into results.jsonl, one JSON line per measurement, adding
-   the columns experiment, run_id, profile, device, device_name and weights;
+   the columns experiment, run_id, profile, device, device_name and weights; env.json then records the
+   row count and the sha256 of results.jsonl (and, from the start, the source hash of ``provenance``);
 3. move the files into ``out_dir`` on success; remove the temporary directory on any failure.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -279,6 +281,9 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
                     n += 1
             if n == 0:
                 raise UserError(f"experiment {exp.id!r} produced no rows with these settings; check its bench grid")
+            # the rows this record describes: results.jsonl edited afterwards no longer matches (test_provenance)
+            env.update(rows=n, results_sha256=hashlib.sha256((tmp / "results.jsonl").read_bytes()).hexdigest())
+            (tmp / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     except UserError:
         raise
     except ValueError as e:  # the bench refused a setting (e.g. a prompt longer than the cache)

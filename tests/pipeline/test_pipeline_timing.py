@@ -80,3 +80,28 @@ def test_analysis_notebook_runs_against_results(monkeypatch):
     assert len(ns["results"]) > 0 and "throughput_ar" in set(ns["results"]["experiment"])
     assert ns["figures"] and all(p.suffix == ".png" for p in ns["figures"])
     assert os.path.isdir(ns["RESULTS"])
+
+
+def test_wall_check_flags_idle_gaps():
+    from ssmspec.bench.timing import WALL_TOLERANCE, wall_check
+
+    ok = wall_check([1.0, 1.0, 1.0, 1.0], 4.05)
+    assert ok["steps_sum_ms"] == 4.0 and abs(ok["wall_excess"] - 0.0125) < 1e-12 and not ok["wall_flag"]
+    gap = wall_check([1.0, 1.0], 2.0 * (1 + WALL_TOLERANCE) + 0.01)
+    assert gap["wall_flag"] and gap["loop_wall_ms"] > gap["steps_sum_ms"]
+    assert wall_check([1.0], 0.9)["wall_flag"]  # a wall clock shorter than the events is as suspicious
+
+
+def test_step_rows_record_the_loop_wall_clock():
+    """An engine step row: the wall clock of its timed loop beside the sum of its samples (on the CPU each
+    sample is a perf_counter interval inside the loop, so the wall clock bounds their sum)."""
+    from ssmspec.bench.steps import step_engine, step_row
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+
+    model = build_model(load_preset("tiny-mamba2"), seed=0)
+    eng = step_engine(model, strategy="autoregressive", batch=2, context=8, graph=False, steps=6)
+    row = step_row(eng, warmup=1, iters=4)
+    assert row["loop_wall_ms"] >= row["steps_sum_ms"] > 0 and row["steps_sum_ms"] == sum(row["samples_ms"])
+    assert row["wall_excess"] == row["loop_wall_ms"] / row["steps_sum_ms"] - 1
+    assert isinstance(row["wall_flag"], bool)

@@ -155,6 +155,7 @@ def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_al
     seconds = sum(row["samples_ms"]) * 1e-3
     S = eng.spec.draft_len
     row.update(status="ok", tokens_emitted=emitted, tokens_per_s=emitted / seconds,
+               tokens_per_s_wall=emitted / (row["loop_wall_ms"] * 1e-3),
                tokens_per_step=emitted / (len(eng.accepted) * eng.step.batch),
                acceptance=("oracle" if oracle_alpha is not None else "measured") if S else "none",
                alpha=oracle_alpha if S else None,

@@ -2,7 +2,10 @@
 
 Keys: time (UTC, ISO 8601), host, platform, python, cpu_count, torch_threads, device (cpu | cuda), device_name,
 device_count, device_memory_gb, compute_capability, driver, cuda (torch's CUDA build), torch, triton,
-transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend.
+transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, and the
+provenance of ``ssmspec/provenance.py``: git_sha_from (git or SSMSPEC_GIT_SHA), source_hash (the hash of src/,
+conf/ and pyproject.toml as they ran), source_paths, source_commit (the commit with exactly that tree, checked
+where it ran, else None) and source_check (git | mismatch | unchecked).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from importlib import metadata
 
 import torch
 
+from ssmspec import provenance
 from ssmspec.paths import ROOT
 
 
@@ -34,15 +38,12 @@ def _run(cmd: list[str], cwd=None) -> str | None:
     return out.stdout.strip() or None
 
 
-def git_state() -> tuple[str, bool | None]:
-    """(sha, dirty) of the checkout the code runs from. ``SSMSPEC_GIT_SHA`` overrides the sha (copies of
-    the tree without .git, e.g. on a device machine); "unknown" when neither is available."""
-    sha = os.environ.get("SSMSPEC_GIT_SHA") or _run(["git", "rev-parse", "HEAD"], cwd=ROOT)
-    if sha is None:
-        return "unknown", None
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT)
-    dirty = None if "SSMSPEC_GIT_SHA" in os.environ else bool(status)
-    return sha, dirty
+def git_dirty() -> bool | None:
+    """Whether the checkout has uncommitted changes to tracked files (None: no git here, or the sha is a
+    ``SSMSPEC_GIT_SHA`` hint, whose tree ``provenance.record`` checks instead)."""
+    if "SSMSPEC_GIT_SHA" in os.environ or _run(["git", "rev-parse", "HEAD"], cwd=ROOT) is None:
+        return None
+    return _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT) is not None  # None: no output
 
 
 def _driver() -> str | None:
@@ -53,7 +54,7 @@ def _driver() -> str | None:
 def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") -> dict:
     """The env.json dict of a run on ``device`` whose model weights are ``weights``."""
     dev = torch.device(device)
-    sha, dirty = git_state()
+    source = provenance.record()
     env = {
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
@@ -72,8 +73,9 @@ def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") 
         "triton": _version("triton"),
         "transformers": _version("transformers"),
         "ssmspec": _version("ssmspec") or "source",
-        "git_sha": sha,
-        "git_dirty": dirty,
+        "git_sha": source.pop("git_sha"),
+        "git_dirty": git_dirty(),
+        **source,
         "weights": weights,
         "ops_backend": os.environ.get("SSMSPEC_OPS_BACKEND", "auto"),
     }

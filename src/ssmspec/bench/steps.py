@@ -18,7 +18,7 @@ from collections import Counter
 
 import torch
 
-from ssmspec.bench.timing import summarize
+from ssmspec.bench.timing import summarize, wall_check
 from ssmspec.drafting.oracle import Oracle
 from ssmspec.engine import Engine
 from ssmspec.strategies import SpecConfig
@@ -49,12 +49,15 @@ def step_engine(model, *, strategy, batch: int, context: int, spec: SpecConfig =
 
 
 def step_row(eng: Engine, *, warmup: int, iters: int, **fields) -> dict:
-    """Time ``iters`` engine steps after ``warmup``; one tidy row with raw samples and acceptance."""
+    """Time ``iters`` engine steps after ``warmup``; one tidy row with raw samples, the loop's wall clock beside
+    their sum (``timing.wall_check``: ``wall_flag`` marks a row whose steps left the device idle) and
+    acceptance."""
     samples = eng.time_steps(warmup=warmup, iters=iters)
     acc = [a for step in eng.accepted for a in step]
     hist = dict(sorted(Counter(acc).items()))
     drafter = eng.drafter
-    return {**fields, **summarize(samples), "samples_ms": samples, "timing": "cuda_graph" if eng.graphed else "eager",
+    return {**fields, **summarize(samples), "samples_ms": samples, **wall_check(samples, eng.loop_wall_ms),
+            "timing": "cuda_graph" if eng.graphed else "eager",
             "strategy": eng.strategy.name, "batch": eng.step.batch, "draft_len": eng.spec.draft_len,
             "num_drafts": eng.spec.num_drafts, "tree_size": eng.spec.tree_size, "buffer_size": eng.spec.buffer_size,
             "tokens_per_call": eng.strategy.max_rows(eng.step.batch, eng.spec) * eng.strategy.max_call_len(eng.spec),

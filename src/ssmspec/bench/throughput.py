@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.inputs import synthetic_prompts, track
-from ssmspec.bench.timing import hbm_fraction, measure_hbm_bandwidth, summarize, time_eager
+from ssmspec.bench.timing import hbm_fraction, measure_hbm_bandwidth, summarize, time_eager, wall_check
 from ssmspec.engine import Engine
 from ssmspec.engine.memory import check_fits, plan_bytes
 from ssmspec.models.config import load_preset
@@ -148,8 +148,8 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
                 eng, bytes_min = decode_engine(model, strategy, pending, T, steps=warmup + iters + 8, graph=graph)
                 samples = eng.time_steps(warmup=warmup, iters=iters)
                 timing = "cuda_graph" if eng.graphed else "eager"
+                extra = {"cache_fill": "random", "bytes_min": bytes_min, **wall_check(samples, eng.loop_wall_ms)}
                 del eng  # the step's caches and graphs
-                extra = {"cache_fill": "random", "bytes_min": bytes_min}
         except torch.OutOfMemoryError as e:
             log.warning("out of memory: %s %s B=%d T=%d (%s)", mcfg.name, phase, bsz, T, str(e)[:400])
             strategy = C.build_strategy(cfg)  # drop the state tensors of this point

@@ -118,6 +118,19 @@ def summarize(samples: list[float]) -> dict:
     return out
 
 
+WALL_TOLERANCE = 0.02  # a timed loop whose wall clock differs from its summed step times by more is flagged
+
+
+def wall_check(samples_ms: list[float], wall_ms: float) -> dict:
+    """The wall-clock time of a timed loop beside the sum of its per-step samples (CUDA events see only the
+    device's work; host gaps between steps show as a longer wall clock): ``loop_wall_ms``, ``steps_sum_ms``,
+    ``wall_excess`` = wall / sum - 1, and ``wall_flag`` where that exceeds ``WALL_TOLERANCE`` either way."""
+    total = float(sum(samples_ms))
+    excess = wall_ms / total - 1.0 if total > 0 else float("inf")
+    return {"loop_wall_ms": float(wall_ms), "steps_sum_ms": total, "wall_excess": excess,
+            "wall_flag": bool(abs(excess) > WALL_TOLERANCE)}
+
+
 def hbm_fraction(bytes_moved: float, ms: float, peak_gbps: float) -> float:
     """Fraction of peak memory bandwidth achieved: (bytes_moved / time) / peak, peak in GB/s (1e9 B/s)."""
     if ms <= 0 or peak_gbps <= 0:

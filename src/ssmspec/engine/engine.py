@@ -88,6 +88,7 @@ class Engine:
                                max_new_tokens=max_new_tokens, eos_token_id=eos_token_id)
         self.strategy, self.drafter, self.verifier, self.spec = strat, drafter, verifier, spec
         self.launches = 0
+        self.loop_wall_ms: float | None = None  # wall-clock ms of the last time_steps loop
         self._graphs: tuple | None = None  # (draft graph or None, target graph) once captured
         self._inflight: list = []  # launched steps not collected yet: (host report, done event, timing events)
         if self.cuda:
@@ -208,13 +209,18 @@ class Engine:
         """ms per decode step: ``warmup`` untimed steps (the first one captures the graphs), then ``iters``
         steps, each timed with CUDA events (perf_counter on CPU). Steps are real: caches grow. The host reads
         each report one step late (as generate() does), so the device never waits for it; the accepted
-        counts of the timed steps are kept in ``self.accepted`` (one list per step)."""
+        counts of the timed steps are kept in ``self.accepted`` (one list per step), and the wall-clock time of
+        the whole timed loop (first launch to the last report on the host) in ``self.loop_wall_ms``: where it
+        exceeds the samples' sum, the device sat idle between steps (host work the events do not see)."""
         if iters < 1 or warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
         for _ in range(max(warmup, 1 if self.graphed else 0)):
             self.launch()
             self.collect(keep=1)
         self.collect(keep=0)
+        if self.cuda:
+            torch.cuda.synchronize(self.model.device)
+        t0 = time.perf_counter()
         samples, self.accepted = [], []
         for _ in range(iters):
             self.launch()
@@ -224,4 +230,5 @@ class Engine:
         for rep, seconds in self.collect(keep=0):
             samples.append(seconds * 1e3)
             self.accepted.append(rep.accepted)
+        self.loop_wall_ms = (time.perf_counter() - t0) * 1e3
         return samples
