@@ -321,7 +321,7 @@ def test_8b_mixer_sizes_lossless_on_gpu(strategy):
         model = build_model(cfg, seed=seed, device="cuda", dtype=torch.float32)
         rec = Margin()
         ref = generate(model, prompts, max_new_tokens=16, strategy="autoregressive", verifier=rec,
-                       timing=False).sequences
+                       timing=False, cuda_graph=False).sequences  # the margin is read on the host every step
         if rec.margin > 1e-3:
             break
     else:
