@@ -158,6 +158,18 @@ def _model_choice(exp: Experiment, overrides: list[str]) -> str | None:
     return None if choice.is_sweep_override() else str(choice.value())
 
 
+def _nested_presets(node, prefix: str = "bench") -> list[str]:
+    """Keys ``bench.<...>.presets`` below the top level: parts of an experiment that run on a subset of its
+    presets (``model=<preset>`` runs that preset alone in them too)."""
+    out = []
+    for key, value in node.items():
+        if isinstance(value, DictConfig):
+            out += _nested_presets(value, f"{prefix}.{key}")
+            if "presets" in value:
+                out.append(f"{prefix}.{key}.presets")
+    return out
+
+
 def prepare(cfg: DictConfig, *, cli_overrides: list[str] = ()) -> tuple[DictConfig, Experiment]:
     """Validate ``cfg`` and resolve its automatic values in place; returns (cfg, experiment)."""
     try:
@@ -192,6 +204,10 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
         if preset:
             log.info("model=%s: experiment %s runs that preset alone (bench.presets=[%s])", preset, exp.id, preset)
             cfg.bench.presets = [preset]
+            typed = {key for key, _ in _parse_bench_overrides(cli_overrides)}
+            for key in _nested_presets(cfg.bench):  # e.g. lossless' bench.sampling.presets: that preset too
+                if key not in typed:
+                    OmegaConf.update(cfg, key, [preset], merge=False)
     C.use_cuda_graph(cfg.bench.get("cuda_graph", "auto"), device)
     C.check_values(cfg)
     OmegaConf.resolve(cfg)

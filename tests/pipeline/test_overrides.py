@@ -103,3 +103,9 @@ def test_info_once_and_hydra_help_with_an_experiment(cli):
     assert out.count("Installed Hydra Plugins") == 1 and "GpuQueueLauncher" in out
     status, out, err = cli("run", "experiment=throughput_ar", "--hydra-help")
     assert status == 0 and "Hydra" in out and "Traceback" not in err
+
+
+def test_sampling_presets_outside_the_chosen_ones_are_refused(cli):
+    status, _, err = cli("run", "experiment=lossless", "profile=cpu", "bench.presets=[tiny-mamba2]")
+    assert status == 2 and err.count("\n") == 1 and err.startswith("error: lossless: bench.sampling.presets")
+    assert "bench.sampling.presets=[tiny-mamba2]" in err and "Traceback" not in err

@@ -58,3 +58,18 @@ def test_tiny_run_and_table(tmp_path):
     out = tmp_path / "lossless.png"
     plot_lossless(df, out)
     assert out.stat().st_size > 10_000
+
+
+def _prepared(overrides):
+    C.register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return prepare(cfg, cli_overrides=overrides)[0]
+
+
+def test_model_choice_runs_the_sampling_rows_on_that_preset_too():
+    cfg = _prepared(["experiment=lossless", "profile=cpu", "model=tiny-mamba2"])
+    assert list(cfg.bench.presets) == ["tiny-mamba2"] and list(cfg.bench.sampling.presets) == ["tiny-mamba2"]
+    typed = ["experiment=lossless", "profile=cpu", "model=tiny-qwen3.5", "bench.sampling.presets=[tiny-qwen3.5]"]
+    assert list(_prepared(typed).bench.sampling.presets) == ["tiny-qwen3.5"]  # what is typed wins
+

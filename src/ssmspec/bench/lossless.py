@@ -273,7 +273,22 @@ def sampling_rows(cfg: DictConfig) -> Iterator[dict]:
         del model
 
 
+def check_sampling_presets(cfg: DictConfig) -> None:
+    """The sampling rows run on a subset of the chosen presets (``bench.sampling.presets`` among
+    ``bench.presets``); refused, with the fix, before any row runs."""
+    s = cfg.bench.sampling
+    if cfg.get("checkpoint") or not s.get("enabled", True):
+        return
+    chosen, sampled = [str(p) for p in cfg.bench.presets], [str(p) for p in s.presets]
+    extra = [p for p in sampled if p not in chosen]
+    if extra:
+        raise ValueError(f"lossless: bench.sampling.presets {extra} are not among bench.presets {chosen} (the sampling "
+                         f"rows run on some of the chosen presets); add bench.sampling.presets=[{chosen[0]}], or "
+                         f"bench.sampling.enabled=false")
+
+
 def run_lossless(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``lossless`` (experiment contract): greedy agreement rows, then sampling rows."""
+    check_sampling_presets(cfg)
     yield from greedy_rows(cfg)
     yield from sampling_rows(cfg)

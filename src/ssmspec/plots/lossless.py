@@ -83,6 +83,6 @@ def plot_lossless(df: pd.DataFrame, out: Path) -> None:
     if len(sampling):
         _sampling_table(axes[-1, 0], sampling)
     fig.suptitle(f"Lossless decoding, every strategy\n{provenance(df)}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / fig.get_figheight()))  # the two title lines keep their own band
     fig.savefig(out, dpi=120)
     plt.close(fig)
