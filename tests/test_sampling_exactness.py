@@ -29,8 +29,8 @@ Why this is enough. ``test_block_law_is_the_target_continuation`` checks, exactl
 that blocks drawn from L and concatenated step after step give the target's autoregressive law
 P[x0, x1] ... P[x_{n-1}, x_n] for every n <= S + 2 (two steps' worth): a verifier whose blocks follow L is
 lossless. The sampled test then checks every block, its last token too, so a wrong bonus after full
-acceptance cannot hide (looking only at a run's first S tokens never reaches it). Each run has tens of
-thousands of blocks that end at a leaf (asserted), so the bonus law there is measured, not sampled rarely.
+acceptance cannot hide (a run's first S tokens never hold a chain's bonus after full acceptance). Each run
+has tens of thousands of blocks that end at a leaf (asserted), so the bonus law there is measured often.
 
 Mutants, realised on the real verifier, must fail the same test (fixed seeds: the verdicts are
 deterministic; the p-values are far below FAIL):
@@ -155,7 +155,7 @@ def _decode(shape: str, verify, *, seed: int) -> tuple[torch.Tensor, int]:
         # the block as the engine appends it (engine/step.py): path tokens, the bonus right after them
         path = torch.cat([pending[:, None], drafts.tokens], 1).gather(1, v.path)[:, 1:]  # (B, DEPTH)
         block = torch.where(j == a[:, None], v.bonus[:, None], torch.cat([path, v.bonus[:, None]], 1))
-        digit = (V ** (a[:, None] - j).clamp(min=0)) * (j <= a[:, None])  # (B, 1+DEPTH) place values, 0 past a
+        digit = (V ** (a[:, None] - j).clamp(min=0)) * (j <= a[:, None])  # (B, 1+DEPTH), 0 past column a
         cell = first_cell[a] + (block * digit).sum(1)  # (B,)
         counts += torch.bincount(pending * C + cell, minlength=V * C).double()
         leaves += int(_ends_at_leaf(drafts, v).sum())
@@ -218,7 +218,7 @@ def _chi2(counts: torch.Tensor, law: torch.Tensor) -> tuple[float, float, int]:
 
 
 def _target_law(n: int) -> torch.Tensor:
-    """(V, V**n) float64: the target's law of its next n tokens after each token x, index x1 V**(n-1) + ... + xn."""
+    """(V, V**n) float64: the target's law of its next n tokens after token x, at x1 V**(n-1) + ... + xn."""
     law = P64  # (V, V)
     for _ in range(n - 1):
         last = torch.arange(law.shape[1]) % V  # last token of each prefix
@@ -251,7 +251,7 @@ def test_block_law_is_the_target_continuation(shape):
 def test_every_block_follows_exact_law(shape, entry):
     verify = _verify_real if entry == "verifier" else _verify_direct()
     counts, leaves = _decode(shape, verify, seed=1)
-    assert leaves >= MIN_LEAF, f"only {leaves} blocks ended at a leaf: the bonus after full acceptance is rare"
+    assert leaves >= MIN_LEAF, f"only {leaves} blocks ended at a leaf: bonuses after full acceptance are rare"
     pval, stat, df = _chi2(counts, LAWS[shape])
     assert pval > PASS, f"blocks: p-value {pval:.2e} (chi2 {stat:.0f}, df {df})"
 
