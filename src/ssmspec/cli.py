@@ -404,8 +404,10 @@ def cmd_list() -> int:
     width = max([len(e.id) for e in exps] + [2])
     print(f"{'id':<{width}}  {'profiles':<8}  {'gpu?':<4}  {'results':<7}  title")
     for e in exps:
-        print(f"{e.id:<{width}}  {','.join(e.profiles):<8}  {'yes' if e.needs_gpu else 'no':<4}  "
+        print(f"{e.id:<{width}}  {','.join(e.profiles):<8}  {e.gpu_label:<4}  "
               f"{','.join(reference_profiles(e.id)) or '-':<7}  {e.title}")
+    if any(e.interpreter_ok for e in exps):
+        print("yes*: a CUDA GPU, or Triton's CPU interpreter (TRITON_INTERPRET=1; slow, for small grids)")
     return 0
 
 

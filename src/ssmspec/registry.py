@@ -33,6 +33,8 @@ class Experiment:
     plot: str  # "module:function" drawing one PNG from rows
     profiles: tuple[str, ...]  # profiles in which `make reproduce` runs it
     needs_gpu: bool = False  # refuse to run without CUDA
+    # needs_gpu: triton in the file: CUDA, or Triton's CPU interpreter (TRITON_INTERPRET=1, small grids in tests)
+    interpreter_ok: bool = False
     # settings outside `bench` the bench function reads (READABLE roots or dotted keys such as data.seed);
     # an override of anything else is refused. None (no `reads:` in the file): every override passes.
     reads: tuple[str, ...] | None = None
@@ -41,6 +43,20 @@ class Experiment:
     # {key: declared value}; a value's type is what an override must have (None: any)
     bench_schema: dict = field(default_factory=dict, compare=False)
     path: Path = field(default=Path(), compare=False)
+
+    @property
+    def gpu_label(self) -> str:
+        """The ``gpu?`` column of ``ssmspec list``: yes, no, or yes* (or the Triton interpreter)."""
+        return "no" if not self.needs_gpu else "yes*" if self.interpreter_ok else "yes"
+
+    def gpu_refusal(self, *, cuda: bool, interpreting: bool) -> str | None:
+        """Why this machine cannot run the experiment (with the fix), or None."""
+        if not self.needs_gpu or cuda or (self.interpreter_ok and interpreting):
+            return None
+        alt = ", or set TRITON_INTERPRET=1 to run its kernels in Triton's CPU interpreter (slow; small grids)" \
+            if self.interpreter_ok else ""
+        return (f"experiment {self.id!r} needs a CUDA GPU and this machine has none; run it on a GPU machine "
+                f"(`make reproduce` skips it on the cpu profile){alt}")
 
     def bench_fn(self) -> Callable:
         return load_callable(self.bench, what=f"experiment {self.id!r} bench")
@@ -85,8 +101,12 @@ def _read(path: Path) -> Experiment:
             raise ValueError(f"{path}: experiment.reads lists settings the bench reads, from {', '.join(READABLE)} "
                              f"(or dotted keys such as data.seed); got {bad or reads!r}")
         reads = tuple(str(r) for r in reads)
+    gpu = block.get("needs_gpu", False)
+    if gpu not in (True, False, "triton"):
+        raise ValueError(f"{path}: experiment.needs_gpu is true, false or triton (CUDA or TRITON_INTERPRET=1), "
+                         f"got {gpu!r}")
     return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
-                      profiles=profiles, needs_gpu=bool(block.get("needs_gpu", False)), reads=reads,
+                      profiles=profiles, needs_gpu=bool(gpu), interpreter_ok=gpu == "triton", reads=reads,
                       bench_schema=_bench_schema(path, data, block), path=path)
 
 

@@ -187,9 +187,11 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
     exp = get_experiment(block.id)
     exp.bench_fn(), exp.plot_fn()  # import errors surface now, not after the run
     check_overrides(exp, cli_overrides)
-    if exp.needs_gpu and not C.cuda_available():
-        raise UserError(f"experiment {exp.id!r} needs a CUDA GPU and this machine has none; run it on a GPU "
-                        f"machine (`make reproduce` skips it on the cpu profile)")
+    from ssmspec.ops.dispatch import interpret_mode
+
+    refusal = exp.gpu_refusal(cuda=C.cuda_available(), interpreting=interpret_mode())
+    if refusal:
+        raise UserError(refusal)
     profile = C.resolve_profile(str(cfg.profile))
     device = C.resolve_device(str(cfg.device))
     dtype = C.resolve_dtype(str(cfg.dtype), device)

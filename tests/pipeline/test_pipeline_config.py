@@ -92,3 +92,20 @@ def test_auto_values_resolve_for_this_machine():
     assert cfg.profile == ("gpu" if gpu else "cpu") and cfg.device == ("cuda" if gpu else "cpu")
     assert cfg.dtype == ("bfloat16" if gpu else "float32")
     assert Path(CONF_DIR / "hydra" / "default.yaml").is_file()
+
+
+def test_gpu_only_profiles_say_so_in_list(cli, monkeypatch):
+    """An experiment that `make reproduce` runs on the gpu profile only declares what it needs, and `list`
+    shows it (ssd_kernel_blockt: a GPU, or Triton's interpreter)."""
+    from ssmspec.registry import experiments
+
+    for exp in experiments():
+        if exp.profiles == ("gpu",):
+            assert exp.needs_gpu, f"{exp.id} runs on the gpu profile only: declare needs_gpu (true or triton)"
+    status, out, _ = cli("list")
+    line = next(x for x in out.splitlines() if x.startswith("ssd_kernel_blockt "))
+    assert status == 0 and line.split()[2] == "yes*" and "TRITON_INTERPRET=1" in out.splitlines()[-1]
+    if not C.cuda_available():
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        status, _, err = cli("run", "experiment=ssd_kernel_blockt")
+        assert status == 2 and "needs a CUDA GPU" in err and "TRITON_INTERPRET=1" in err
