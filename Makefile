@@ -3,7 +3,7 @@
 #   make reproduce   set-up, then every registered experiment of this machine's profile (cpu | gpu,
 #                    from the hardware; override: make reproduce PROFILE=cpu) and every figure, then a
 #                    summary; on a GPU a missing baseline fails it (ALLOW_MISSING_BASELINES=1 accepts)
-# Other targets: setup, figures, lint, clean. See README.md.
+# Other targets: setup, figures, lint, notebook, clean. See README.md.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -23,7 +23,7 @@ BASELINES ?= $(if $(HAS_GPU),1,0)
 BASELINES_FROM ?=
 ALLOW_MISSING_BASELINES ?=
 
-.PHONY: setup test reproduce figures lint clean
+.PHONY: setup test reproduce figures lint notebook clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,12 @@ figures: setup
 
 lint: setup
 	$(PY) -m ruff check src tests
+
+# the analysis notebook in JupyterLab (set-up installs only the kernel the tests execute it with)
+notebook: setup
+	@$(PY) -c "import jupyterlab" 2>/dev/null || { echo "notebook: installing JupyterLab (pip install -e '.[notebook]')"; \
+	  $(PY) -m pip install -q -e ".[notebook]"; }
+	$(VENV)/bin/jupyter lab notebooks/analysis.ipynb
 
 clean:
 	rm -rf runs outputs multirun .pytest_cache
