@@ -3,7 +3,7 @@
 #   make reproduce   set-up, then every registered experiment of this machine's profile (cpu | gpu,
 #                    from the hardware; override: make reproduce PROFILE=cpu) and every figure, then a
 #                    summary; on a GPU a missing baseline fails it (ALLOW_MISSING_BASELINES=1 accepts)
-# Other targets: setup, figures, lint, notebook, clean. See README.md.
+# Other targets: setup, test-gpu, figures, lint, notebook, clean. See README.md.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PYTHON ?= python3
@@ -23,7 +23,7 @@ BASELINES ?= $(if $(HAS_GPU),1,0)
 BASELINES_FROM ?=
 ALLOW_MISSING_BASELINES ?=
 
-.PHONY: setup test reproduce figures lint notebook clean
+.PHONY: setup test test-gpu reproduce figures lint notebook clean
 
 setup: $(STAMP)
 
@@ -59,6 +59,10 @@ reproduce: setup
 
 figures: setup
 	$(PY) -m ssmspec figures
+
+# the GPU-marked tests (kernels at real sizes, captured steps), recorded in results/gpu-tests/ (log, counts, env)
+test-gpu: setup
+	$(PY) -m ssmspec.gputests
 
 lint: setup
 	$(PY) -m ruff check src tests

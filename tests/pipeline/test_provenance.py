@@ -102,8 +102,8 @@ def _is_shallow() -> bool:
         return True
 
 
-@pytest.mark.parametrize("env_path", sorted(RESULTS_DIR.glob("*/*/env.json")),
-                         ids=lambda p: f"{p.parent.parent.name}-{p.parent.name}")
+@pytest.mark.parametrize("env_path", sorted(RESULTS_DIR.glob("*/*/env.json")) + sorted(RESULTS_DIR.glob("*/env.json")),
+                         ids=lambda p: str(p.parent.relative_to(RESULTS_DIR)))
 def test_committed_records_describe_their_commit_and_rows(env_path):
     """A reference result's env.json: its source hash is that of the commit it names (checked in this clone),
     and its row count and results.jsonl hash are those of the rows beside it. Records from before the source
@@ -119,3 +119,12 @@ def test_committed_records_describe_their_commit_and_rows(env_path):
         rows = (env_path.parent / "results.jsonl").read_bytes()
         assert env["rows"] == len(rows.splitlines())
         assert env["results_sha256"] == hashlib.sha256(rows).hexdigest(), f"{env_path.parent}: rows were edited"
+
+
+def test_gpu_test_record_counts():
+    from ssmspec.gputests import parse_counts
+
+    log = "....s.F\nFAILED tests/x.py::t - boom\n===== 1 failed, 118 passed, 2 skipped, 1404 deselected, 3 warnings in 355.2s ====="
+    c = parse_counts(log)
+    assert (c["passed"], c["failed"], c["skipped"], c["deselected"], c["errors"], c["warnings"]) == (118, 1, 2, 1404, 0, 3)
+    assert parse_counts("120 passed, 1 error in 3s")["errors"] == 1 and parse_counts("nothing ran")["passed"] == 0
