@@ -40,7 +40,7 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
                          f"rerun: python -m ssmspec run experiment=cost_model profile={profile} --save-reference")
     splits = df[df["kind"] == "split"]
     models = list(dict.fromkeys(splits["model"]))
-    fig, axes = plt.subplots(len(models), 2, figsize=(12, 4.2 * len(models)), squeeze=False)
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 5.2 * len(models)), squeeze=False)
     for (ax, axt), model in zip(axes, models):
         m = df[df["model"] == model]
         split = splits[splits["model"] == model].iloc[0]
@@ -69,7 +69,7 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
         _batch_ticks(ax, fitted + list(split["heldout_batches"]))
         lo = min(float(summ["score_min"].min()), GOAL_AT_BATCH)
         ax.set_ylim(lo - 0.03, 1.01)
-        ax.legend(fontsize=6, loc="lower left")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: the bars reach 0.5
 
         ev = m[(m["kind"] == "measure") & (m["phase"] == "eval") & (m["status"] == "ok")]
         mean = ev.groupby(["setting", "batch"], sort=False)["tokens_per_s"].mean().reset_index()
