@@ -117,6 +117,11 @@ def test_policy_cli_reads_a_saved_fit_and_a_runs_measurements(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("batch 1: replay S=") and "batch 256:" in out and "tokens/s predicted" in out
     assert "replay: a 2.2" in out and "knee N0 256 tokens a call" in out and "autoregressive: " in out
+    assert "model only" not in out  # by default the picks are the settings the fit measured
+    for B in (1, 256):  # ... the same as pick() over them
+        assert f"batch {B}: {pick(model, B, 0.8, model.measured())[0].label} (" in out
+    assert main(["--fit", str(path), "--batch", "1", "--alpha", "0.95", "--S", "12"]) == 0
+    assert "model only: the fit never ran it" in capsys.readouterr().out  # a widened grid says so
     rows = [dict(kind="measure", phase=ph, status="ok", strategy=p["strategy"], batch=p["batch"], S=p["S"],
                  D=p["D"], ms_p50=p["ms"] * (1.5 if ph == "eval" else 1.0)) for p in _points() for ph in ("fit", "eval")]
     runs = tmp_path / "results.jsonl"
@@ -128,3 +133,23 @@ def test_policy_cli_reads_a_saved_fit_and_a_runs_measurements(tmp_path, capsys):
     runs.write_text(json.dumps(dict(kind="range", setting="policy")) + "\n")
     assert main(["--fit", str(runs), "--batch", "1", "--alpha", "0.8"]) == 2
     assert "no measured steps" in capsys.readouterr().out
+
+
+def test_labels_parse_back_and_the_command_line_offers_a_setting_only_below_where_it_did_not_fit(tmp_path):
+    for s in (Setting("autoregressive"), Setting("replay", 4, 2), Setting("activation_replay", 2, 1)):
+        assert Setting.parse(s.label) == s
+    rows = [dict(kind="measure", phase="fit", status="ok", strategy=p["strategy"], batch=p["batch"], S=p["S"],
+                 D=p["D"], setting=Setting(p["strategy"], p["S"], p["D"]).label, ms_p50=p["ms"]) for p in _points()]
+    for r in rows:  # snapshot did not fit in memory from batch 64 on: skipped rows there
+        if r["strategy"] == "snapshot" and r["batch"] >= 64:
+            r.update(status="skipped", ms_p50=None)
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = CostModel.load(path)
+    snap, rep = Setting("snapshot", 2, 1), Setting("replay", 2, 1)
+    assert model.limits == {s.label: 64.0 for s in model.measured() if s.strategy == "snapshot"}
+    assert model.runs_at(snap, 16) and model.runs_at(snap, 48) and not model.runs_at(snap, 64)
+    assert model.runs_at(rep, 1000) and not model.runs_at(Setting("replay", 3, 1), 1)  # never measured
+    assert {s.label for s in model.measured()} == set(model.calibration)
+    model.save(tmp_path / "m.json")
+    assert CostModel.load(tmp_path / "m.json").limits == model.limits

@@ -26,7 +26,7 @@ With a stated acceptance the expected tokens a step emits per sequence are 1 + E
 ``pick`` maximises it over the candidate settings (strategy, S, D) at a batch size -- traffic-aware speculation
 (seed 001, section 4): longer and more drafts pay at small batches, where the step is bound by the weight read,
 and stop paying as the batch grows. ``python -m ssmspec policy --fit results/cost_model/<profile>/results.jsonl
---batch 1 64 256 --alpha 0.7`` refits the model from a ``cost_model`` run's measurements and prints the picks.
+--batch 2 8 24 --alpha 0.7`` refits the model from a ``cost_model`` run's measurements and prints the picks.
 """
 from __future__ import annotations
 
@@ -58,6 +58,13 @@ class Setting:
     def label(self) -> str:
         return self.strategy if self.S == 0 else f"{self.strategy} S={self.S} D={self.D}"
 
+    @classmethod
+    def parse(cls, label: str) -> "Setting":
+        """The setting of a ``label`` ('autoregressive', 'replay S=4 D=2')."""
+        strategy, *rest = label.split()
+        kv = dict(part.split("=", 1) for part in rest)
+        return cls(strategy, int(kv.get("S", 0)), int(kv.get("D", 1)))
+
 
 def _features(batch, tokens, drafts, knee: float) -> np.ndarray:
     B, L, D = (np.asarray(v, dtype=float) for v in (batch, tokens, drafts))
@@ -67,12 +74,14 @@ def _features(batch, tokens, drafts, knee: float) -> np.ndarray:
 @dataclass
 class CostModel:
     """Per-strategy coefficients ``{a, a_L, b, c, d, e, N0}`` of t(B, L, D) in ms (module doc; N0 None: no knee
-    in the measured range), each fitted
-    setting's calibration ``[[batch, measured / model], ...]``, and each strategy's relative RMS residual."""
+    in the measured range), each fitted setting's calibration ``[[batch, measured / model], ...]``, each
+    strategy's relative RMS residual, and per setting the smallest batch at which the run could not measure it
+    (``limits``: it did not fit in memory; read from a run's skipped rows)."""
 
     coef: dict[str, dict[str, float | None]] = field(default_factory=dict)
     residual: dict[str, float] = field(default_factory=dict)
     calibration: dict[str, list[list[float]]] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
 
     def model_ms(self, strategy: str, batch: int, tokens: int, drafts: int = 1) -> float:
         """The fitted surface alone."""
@@ -93,6 +102,15 @@ class CostModel:
             ms *= math.exp(float(np.interp(math.log(batch), np.log(xs), np.log(ys))))
         return ms
 
+    def measured(self) -> list[Setting]:
+        """The settings the fit measured (those with a calibration), in label order."""
+        return [Setting.parse(label) for label in sorted(self.calibration)]
+
+    def runs_at(self, setting: Setting, batch: int) -> bool:
+        """Whether the fit measured ``setting`` and ``batch`` lies below the smallest batch at which the run could
+        not (``limits``): the command line's stand-in for the memory plan, which the experiment asks itself."""
+        return setting.label in self.calibration and batch < self.limits.get(setting.label, math.inf)
+
     def tokens_per_s(self, setting: Setting, batch: int, alpha: float, calibrated: bool = True) -> float:
         emitted = 1.0 + (expected_accepted(alpha, draft_len=setting.S, num_drafts=setting.D) if setting.S else 0.0)
         return 1000.0 * batch * emitted / self.step_ms(setting, batch, calibrated)
@@ -108,14 +126,21 @@ class CostModel:
             text = Path(path).read_text()
             if str(path).endswith(".jsonl"):
                 rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-                pts = [dict(strategy=r["strategy"], batch=r["batch"], S=r["S"], D=r["D"], ms=r["ms_p50"]) for r in rows
-                       if r.get("kind") == "measure" and r.get("phase") == "fit" and r.get("status") == "ok"]
+                fitted = [r for r in rows if r.get("kind") == "measure" and r.get("phase") == "fit"]
+                pts = [dict(strategy=r["strategy"], batch=r["batch"], S=r["S"], D=r["D"], ms=r["ms_p50"])
+                       for r in fitted if r.get("status") == "ok"]
                 if not pts:
                     raise KeyError("no measured steps (kind: measure, phase: fit, status: ok)")
-                return fit(pts)
+                model = fit(pts)
+                for r in fitted:
+                    if r.get("status") != "ok":  # skipped by the memory plan, or out of memory
+                        label = r["setting"]
+                        model.limits[label] = min(float(r["batch"]), model.limits.get(label, math.inf))
+                return model
             data = json.loads(text)
             coef = {k: {t: None if v is None else float(v) for t, v in c.items()} for k, c in data["coef"].items()}
-            return cls(coef, dict(data.get("residual", {})), dict(data.get("calibration", {})))
+            return cls(coef, dict(data.get("residual", {})), dict(data.get("calibration", {})),
+                       {k: float(v) for k, v in data.get("limits", {}).items()})
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a fitted cost model ({e}); give the results.jsonl of a cost_model run "
                              f"(python -m ssmspec run experiment=cost_model) or a CostModel.save() json") from e
@@ -205,24 +230,34 @@ def pick(model: CostModel, batch: int, alpha: float, candidates: list[Setting], 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m ssmspec policy --fit <results.jsonl | cost_model.json> --batch 64 --alpha 0.7``: the pick and its
-    prediction per batch, then each strategy's fitted coefficients."""
+    prediction per batch, then each strategy's fitted coefficients. Without --S / --D the picks are made among
+    the settings the fit measured, below the batch where the run could not (``CostModel.runs_at``): the choice
+    of the cost_model experiment's policy rows wherever its memory plan agrees. --S / --D widen the grid to
+    settings the fit never ran (the surface alone predicts them; such a pick is marked)."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="ssmspec policy", description=main.__doc__)
     ap.add_argument("--fit", required=True, help="results.jsonl of a cost_model run (or a CostModel.save() json)")
     ap.add_argument("--batch", type=int, nargs="+", required=True)
     ap.add_argument("--alpha", type=float, required=True, help="per-token acceptance of the drafts, in [0, 1]")
-    ap.add_argument("--S", type=int, nargs="+", default=[1, 2, 3, 4, 6])
-    ap.add_argument("--D", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--S", type=int, nargs="+", help="draft lengths (default: those the fit measured)")
+    ap.add_argument("--D", type=int, nargs="+", help="drafts per sequence (default: those the fit measured)")
     args = ap.parse_args(argv)
     try:
         if not 0.0 <= args.alpha <= 1.0 or min(args.batch) < 1:
             raise ValueError("--alpha must be in [0, 1] and --batch sizes >= 1")
         model = CostModel.load(Path(args.fit))
-        cands = candidates(sorted(model.coef), args.S, args.D)
+        measured = model.measured()
+        if args.S or args.D:
+            cands = candidates(sorted(model.coef), args.S or sorted({s.S for s in measured if s.S}) or [1],
+                               args.D or sorted({s.D for s in measured if s.S}) or [1])
+            fits = None
+        else:
+            cands, fits = measured, model.runs_at
         for B in args.batch:
-            s, v = pick(model, B, args.alpha, cands)
-            print(f"batch {B}: {s.label} ({v:.0f} tokens/s predicted)")
+            s, v = pick(model, B, args.alpha, cands, fits=fits)
+            note = "" if s.label in model.calibration else ", model only: the fit never ran it"
+            print(f"batch {B}: {s.label} ({v:.0f} tokens/s predicted{note})")
         for st in sorted(model.coef):
             k = model.coef[st]
             terms = ", ".join(f"{t} {k[t]:.4g}" for t in TERMS if k.get(t))

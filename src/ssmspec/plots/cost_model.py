@@ -8,47 +8,91 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import NullLocator
 
-from ssmspec.bench.cost_model import GOAL_AT_BATCH
+from ssmspec.bench.cost_model_scoring import CHOOSERS, GOAL_AT_BATCH
 from ssmspec.plots.style import provenance
+
+STYLE = {"policy": dict(marker="*", ms=11, color="k"), "best_fixed": dict(marker="s", ms=6, color="C3"),
+         "nearest_fitted": dict(marker="^", ms=7, color="C0")}
+NAMES = {"policy": "policy (cost model)", "best_fixed": "best single fixed setting (fit)",
+         "nearest_fitted": "best at the nearest fitted batch"}
+
+
+def _batches(values) -> str:
+    return ", ".join(str(int(v)) for v in values)
+
+
+def _batch_ticks(ax, batches) -> None:
+    """Log x axis labelled at exactly these batch sizes."""
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(sorted(batches), [str(int(b)) for b in sorted(batches)])
 
 
 def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
-    """Per model: left, evaluation-run tokens/s of every fixed setting vs batch with the policy's picks marked;
-    right, each batch's ratio of the policy's pick to the best fixed setting, with the 0.97 goal line."""
-    models = list(dict.fromkeys(df.loc[df["kind"] == "policy", "model"]))
-    fig, axes = plt.subplots(len(models) or 1, 2, figsize=(11, 3.8 * max(len(models), 1)), squeeze=False)
-    for (ax, axr), model in zip(axes, models):
+    """Per model: left, each chooser's score at every held-out batch (mean over the evaluation seeds, their
+    range as the bar, each seed a dot) with the goal line and the fitted batches marked; right, tokens/s of
+    every setting at the held-out batches (mean over seeds) with each chooser's picks."""
+    if "kind" not in df.columns or not (df["kind"] == "split").any():
+        profile = ", ".join(sorted({str(p) for p in df.get("profile", pd.Series(["<profile>"])).dropna()}))
+        raise ValueError(f"these cost_model rows predate held-out scoring (no kind: split row) and cannot be drawn; "
+                         f"rerun: python -m ssmspec run experiment=cost_model profile={profile} --save-reference")
+    splits = df[df["kind"] == "split"]
+    models = list(dict.fromkeys(splits["model"]))
+    fig, axes = plt.subplots(len(models), 2, figsize=(12, 5.2 * len(models)), squeeze=False)
+    for (ax, axt), model in zip(axes, models):
         m = df[df["model"] == model]
+        split = splits[splits["model"] == model].iloc[0]
+        fitted = list(split["fit_batches"])
+        summ = m[m["kind"] == "batch_summary"]
+        rng = m[m["kind"] == "range"].set_index("chooser")
+        scored = m[m["kind"].isin(["policy", "baseline"])]
+        for k, name in enumerate(CHOOSERS):
+            g = summ[summ["chooser"] == name].sort_values("batch")
+            x = g["batch"] * (1 + 0.04 * (k - 1))  # side by side at each batch
+            r = rng.loc[name]
+            label = (f"{NAMES[name]}: geomean {r['geomean_score']:.3f} (sd over seeds {r['geomean_sd']:.3f}), worst "
+                     f"{r['worst_score']:.3f} at {int(r['worst_batch'])}")
+            ax.errorbar(x, g["score_mean"], yerr=[g["score_mean"] - g["score_min"], g["score_max"] - g["score_mean"]],
+                        ls="-", lw=1, capsize=2, label=label, **STYLE[name])
+            s = scored[scored["chooser"] == name]
+            ax.plot(s["batch"] * (1 + 0.04 * (k - 1)), s["score"], ".", color=STYLE[name]["color"], alpha=0.4, ms=4)
+        for f in fitted:
+            ax.axvline(f, color="0.6", ls=":", lw=0.8)
+        ax.axhline(GOAL_AT_BATCH, color="r", ls="--", lw=0.8, label=f"goal: mean >= {GOAL_AT_BATCH}")
+        pol = rng.loc["policy"]
+        ax.set_title(f"{model}: score at each held-out batch (mean, range and seeds)\npolicy vs best fixed: "
+                     f"{pol['vs_best_fixed']} ({pol['ratio_to_best_fixed']:.3f}x), vs nearest fitted: "
+                     f"{pol['vs_nearest_fitted']} ({pol['ratio_to_nearest_fitted']:.3f}x)", fontsize=8)
+        ax.set(xlabel="batch (held out; dotted: fitted)", ylabel="tokens/s of the pick / of the fastest setting")
+        _batch_ticks(ax, fitted + list(split["heldout_batches"]))
+        lo = min(float(summ["score_min"].min()), GOAL_AT_BATCH)
+        ax.set_ylim(lo - 0.03, 1.01)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: the bars reach 0.5
+
         ev = m[(m["kind"] == "measure") & (m["phase"] == "eval") & (m["status"] == "ok")]
-        for k, (label, g) in enumerate(ev.groupby("setting", sort=False)):
+        mean = ev.groupby(["setting", "batch"], sort=False)["tokens_per_s"].mean().reset_index()
+        for k, (label, g) in enumerate(mean.groupby("setting", sort=False)):
             g = g.sort_values("batch")
-            ax.plot(g["batch"], g["tokens_per_s"], marker=".", lw=1, color=f"C{k % 10}",
-                    ls="-" if g["S"].iloc[0] == 0 else "--", label=label)
-        pol = m[m["kind"] == "policy"].sort_values("batch")
-        ax.plot(pol["batch"], pol["tokens_per_s"], "k*", ms=10, label="policy's pick")
-        for _, r in pol.iterrows():
-            ax.annotate(r["setting"], (r["batch"], r["tokens_per_s"]), textcoords="offset points", xytext=(4, 6),
-                        fontsize=6)
-        ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens / s (evaluation run)",
-               title=f"{model}: fixed settings and the policy (oracle alpha {pol['alpha'].iloc[0]})")
-        ax.legend(fontsize=6, ncol=2)
-        axr.plot(pol["batch"], pol["ratio_to_best"], "k*-", label="policy / best fixed at the batch")
-        axr.axhline(GOAL_AT_BATCH, color="r", ls=":", label=f"goal >= {GOAL_AT_BATCH}")
-        rng = m[m["kind"] == "range"]
-        if len(rng):
-            p = rng[rng["is_policy"]]["geomean_ratio_to_best"].iloc[0]
-            best = rng[rng["best_single_fixed"] == True]  # noqa: E712 (a pandas column)
-            note = f"whole range (geomean): policy {p:.3f}"
-            if len(best):
-                note += f", best single fixed {best['setting'].iloc[0]} {best['geomean_ratio_to_best'].iloc[0]:.3f}"
-            axr.set_title(note, fontsize=8)
-        axr.set(xscale="log", xlabel="batch", ylabel="tokens/s ratio")
-        axr.set_ylim(min(0.8, float(pol["ratio_to_best"].min()) - 0.02), 1.02)
-        axr.legend(fontsize=7)
-        for a in (ax, axr):
+            S = int(m.loc[m["setting"] == label, "S"].dropna().iloc[0])
+            axt.plot(g["batch"], g["tokens_per_s"], lw=1, color=f"C{k % 10}", ls="-" if S == 0 else "--", label=label)
+        table = mean.set_index(["setting", "batch"])["tokens_per_s"]
+        for name in CHOOSERS:
+            picks = scored[scored["chooser"] == name][["batch", "setting"]].drop_duplicates()
+            axt.plot(picks["batch"], [table[(s, b)] for b, s in zip(picks["batch"], picks["setting"])], ls="none",
+                     fillstyle="none", label=f"pick: {NAMES[name]}", **STYLE[name])
+        _batch_ticks(axt, split["heldout_batches"])
+        axt.set(yscale="log", xlabel="held-out batch", ylabel="tokens / s (mean over eval seeds)",
+                title=f"{model}: every fixed setting, oracle alpha {split['alpha']}")
+        axt.title.set_fontsize(8)
+        axt.legend(fontsize=6, ncol=2)
+        for a in (ax, axt):
             a.grid(True, alpha=0.3)
-    fig.suptitle(f"cost_model: fitted step costs pick strategy, S and D per batch\n{provenance(df)}", fontsize=9)
+    first = splits.iloc[0]
+    fig.suptitle(f"cost_model: choosers scored only on held-out batches {_batches(first['heldout_batches'])} "
+                 f"(fitted: {_batches(first['fit_batches'])}, seed {int(first['fit_seed'])}), evaluation seeds "
+                 f"{_batches(first['eval_seeds'])}\n{provenance(df)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
     plt.close(fig)
