@@ -137,6 +137,34 @@ def _precheck(overrides: list[str], *, multirun: bool) -> list:
     return cfgs
 
 
+# hydra/launcher choices of hydra-submitit-launcher -> (Python modules they import, commands they run)
+_SUBMITIT = ("submitit", "hydra_plugins.hydra_submitit_launcher")
+_LAUNCHER_NEEDS = {"slurm": (_SUBMITIT, ("sbatch", "srun")), "submitit_slurm": (_SUBMITIT, ("sbatch", "srun")),
+                   "submitit_local": (_SUBMITIT, ())}
+_LAUNCH_HERE = "here, run the sweep with hydra/launcher=gpu_queue, or without hydra/launcher (one job after another)"
+
+
+def _check_launcher(overrides: list[str]) -> None:
+    """A sweep through submitit on a machine without it (or, for Slurm, without Slurm) fails before Hydra
+    starts, naming what is missing and the fix, instead of a traceback from inside the launcher."""
+    import importlib.util
+    import shutil
+
+    choice = _value(overrides, "hydra/launcher")
+    modules, commands = _LAUNCHER_NEEDS.get(choice, ((), ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        needs = (f"hydra-submitit-launcher ({' and '.join(missing)} {'does' if len(missing) == 1 else 'do'} not "
+                 f"import here)" +
+                 (" and a Slurm cluster" if commands else ""))
+        install = "on the cluster, pip install -e \".[slurm]\"" if commands else "pip install -e \".[slurm]\""
+        raise ValueError(f"hydra/launcher={choice} needs {needs}: {install}; {_LAUNCH_HERE}")
+    absent = [c for c in commands if shutil.which(c) is None]
+    if absent:
+        raise ValueError(f"hydra/launcher={choice} submits the sweep to a Slurm cluster, and this machine has no "
+                         f"Slurm ({' and '.join(absent)} not on PATH): run it on the cluster's login node; {_LAUNCH_HERE}")
+
+
 def _prune_empty(path: Path, stop: Path) -> None:
     """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
     path, stop = path.absolute(), stop.absolute()
@@ -191,6 +219,8 @@ def cmd_run(argv: list[str]) -> int:
     results_path = None
     try:
         _check_group_overrides(overrides)
+        if multirun and not inspect_only:
+            _check_launcher(overrides)
         exp_id = _value(overrides, "experiment")
         if (not exp_id or exp_id == "null") and not inspect_only:
             raise ValueError("no experiment chosen: add experiment=<id> (`python -m ssmspec list` shows the ids)")

@@ -197,6 +197,37 @@ def test_slurm_config_composes():
     assert launcher.timeout_min == 120 and "array_parallelism" in launcher
 
 
+HERE = "here, run the sweep with hydra/launcher=gpu_queue, or without hydra/launcher (one job after another)"
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "submitit_local"])
+def test_submitit_launchers_without_submitit(cli, tmp_path, monkeypatch, launcher):
+    """As on a machine without ``pip install -e ".[slurm]"``: one line naming what is missing and the fix,
+    before Hydra makes a sweep directory."""
+    for name in ("submitit", "hydra_plugins.hydra_submitit_launcher"):
+        monkeypatch.setitem(sys.modules, name, None)  # import (and find_spec) now fail as if not installed
+    status, stdout, err = cli("run", "-m", f"hydra/launcher={launcher}", *ONE_JOB)
+    needs = "hydra-submitit-launcher (submitit and hydra_plugins.hydra_submitit_launcher do not import here)"
+    fix = 'pip install -e ".[slurm]"'
+    want = (f"error: hydra/launcher=slurm needs {needs} and a Slurm cluster: on the cluster, {fix}; {HERE}"
+            if launcher == "slurm" else f"error: hydra/launcher=submitit_local needs {needs}: {fix}; {HERE}")
+    assert status == 2 and err.strip() == want and "Traceback" not in stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_launcher_without_slurm(cli, tmp_path, monkeypatch):
+    """submitit imports but there is no Slurm here (no sbatch / srun): one line, not submitit's traceback."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    status, stdout, err = cli("run", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", *ONE_JOB)
+    assert status == 2 and "Traceback" not in stdout
+    assert err.strip() == ("error: hydra/launcher=slurm submits the sweep to a Slurm cluster, and this machine has no "
+                           f"Slurm (sbatch and srun not on PATH): run it on the cluster's login node; {HERE}")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_sweep_through_submitit_local_executor(cli, tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
     out = tmp_path / "sweep"
