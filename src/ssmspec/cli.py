@@ -10,7 +10,8 @@
     list                                      the registered experiments with titles and profiles
 
 A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
-prints one line starting with ``error:`` and exits with status 2; no run directory is left behind.
+prints one line starting with ``error:`` and exits with status 2; no run directory is left behind. A closed
+stdout (``ssmspec list | head -1``) ends any command quietly with status 141 (ssmspec/pipes.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ssmspec import paths
+from ssmspec.pipes import GuardedStdout, StdoutClosed, silence
 
 EXIT_USER = 2
 GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment")
@@ -35,6 +37,7 @@ class _State:
         self.results_dir = results_dir  # the user's results_dir, absolute (None: Hydra names the run dir)
         self.preexisting = results_dir is not None and results_dir.exists()  # never removed on failure
         self.created: list[Path] = []  # directories this invocation made (removed again on failure)
+        self.sweep_dir: Path | None = None  # a sweep's directory, as it starts (hydra_callbacks.SweepStart)
 
 
 _STATE = _State()
@@ -269,6 +272,12 @@ def cmd_run(argv: list[str]) -> int:
     sys.argv = ["ssmspec", *args]
     try:
         main()
+    except StdoutClosed:  # the reader of stdout went away (ssmspec/pipes.py): main() exits quietly
+        sweep = _STATE.sweep_dir  # a sweep stopped before its first job: its multirun.yaml goes too
+        if multirun and sweep is not None and not _STATE.preexisting and sweep not in _STATE.created:
+            _STATE.created.insert(0, sweep)
+        _cleanup()
+        raise
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if hasattr(e, "message"):  # the gpu_queue launcher: failed jobs (1) or bad launcher settings (2)
@@ -441,6 +450,21 @@ def cmd_list() -> int:
 
 # entry -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (141, quietly, when stdout is closed: ssmspec/pipes.py)."""
+    saved = sys.stdout
+    sys.stdout = guarded = GuardedStdout(saved)
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be caught here
+        return status
+    except (BrokenPipeError, StdoutClosed):
+        return silence(saved)
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = saved
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
