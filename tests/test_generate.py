@@ -1,6 +1,7 @@
 """generate(): greedy is the argmax chain of one parallel forward, a left-padded batch equals each prompt
 alone, seeded sampling (temperature / top-p / top-k) is reproducible and follows the target
-distribution, EOS and max_new_tokens stop sequences, step hooks see every step, bad inputs fail clearly.
+distribution, EOS and max_new_tokens stop sequences, step hooks see every step, a padded (B, T) tensor with
+its attention mask equals the lists, bad inputs fail clearly.
 Greedy agreement is asserted on float64 models (exact token equality)."""
 import pytest
 import torch
@@ -57,6 +58,62 @@ def test_batch_of_different_lengths_equals_each_prompt_alone(model64):
     alone = [generate(model64, [p], max_new_tokens=NEW).sequences[0] for p in PROMPTS]
     assert batch == alone
     assert len({tuple(s) for s in batch}) == len(PROMPTS)
+
+
+def _padded(prompts, side, pad):
+    """(B, T) ids padded with ``pad`` on ``side`` and their 0/1 attention mask, as a tokenizer returns them."""
+    T = max(map(len, prompts))
+    ids = torch.full((len(prompts), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        cols = slice(T - len(p), T) if side == "left" else slice(0, len(p))
+        ids[b, cols], mask[b, cols] = torch.tensor(p), 1
+    return ids, mask
+
+
+def test_tensor_prompts_equal_list_prompts(model64):
+    """A (B, T) LongTensor with an attention mask (either padding side; pad ids never read, even out of the
+    vocabulary) and a 1-D tensor give the list-of-lists output token for token."""
+    ref = generate(model64, PROMPTS, max_new_tokens=NEW).sequences
+    for side in ("left", "right"):
+        ids, mask = _padded(PROMPTS, side, pad=-100)
+        assert generate(model64, ids, attention_mask=mask, max_new_tokens=NEW).sequences == ref, side
+        assert generate(model64, ids, attention_mask=mask.bool(), max_new_tokens=NEW).sequences == ref, side
+    same = [PROMPTS[0], [3, 4, 5, 6]]  # equal lengths: no mask needed
+    assert generate(model64, torch.tensor(same), max_new_tokens=NEW).sequences == \
+        generate(model64, same, max_new_tokens=NEW).sequences
+    assert generate(model64, torch.tensor(PROMPTS[1]), max_new_tokens=NEW).sequences == [ref[1]]
+
+
+@pytest.mark.parametrize("prompts,kwargs,error,match", [
+    pytest.param(["hello"], {}, TypeError, r"generate takes token ids, not text: tokenize first, e.g\. tok = "
+                 r"ssmspec\.load_tokenizer\(model\).*tok\.encode\(text\)", id="strings"),
+    pytest.param("hello", {}, TypeError, "not text: tokenize first", id="one-string"),
+    pytest.param(torch.tensor([[5.0, 6.0, 7.0]]), {}, TypeError, r"dtype torch\.float32; token ids are integers: pass "
+                 r"a \(B, T\) LongTensor", id="float-tensor"),
+    pytest.param(torch.ones(1, 3, 4, dtype=torch.long), {}, ValueError, r"shape \(1, 3, 4\); generate takes token ids "
+                 r"of shape \(T,\) \(one prompt\) or \(B, T\)", id="3-d"),
+    pytest.param(torch.tensor([[5, 6, 7]]), {"attention_mask": torch.ones(1, 4)}, ValueError,
+                 r"attention_mask has shape \(1, 4\) but the prompt tensor \(1, 3\); they must match", id="mask-shape"),
+    pytest.param(torch.tensor([[5, 6, 7, 8]]), {"attention_mask": torch.tensor([[1, 0, 1, 1]])}, ValueError,
+                 r"attention_mask row 0 has 0s between its 1s \(\[1, 0, 1, 1\]\).*left or the right only",
+                 id="mask-hole"),
+    pytest.param(torch.tensor([[5, 6], [7, 8]]), {"attention_mask": torch.tensor([[1, 1], [0, 0]])}, ValueError,
+                 "attention_mask row 1 is all 0; every prompt needs at least one token", id="mask-empty-row"),
+    pytest.param(torch.tensor([[5, 6]]), {"attention_mask": torch.tensor([[2, 1]])}, ValueError,
+                 r"attention_mask holds \[2\]; it must be 0 \(padding\) or 1", id="mask-values"),
+    pytest.param([[5, 6]], {"attention_mask": torch.tensor([[1, 1]])}, TypeError,
+                 "attention_mask goes with a .B, T. tensor", id="mask-with-lists"),
+    pytest.param([5, 6, 7], {}, TypeError, r"prompt 0 is 5, not a list of token ids.*\[\[5, 6, 7\]\] for one prompt",
+                 id="flat-list"),
+    pytest.param([[5, 6.5]], {}, TypeError, r"prompt 0 holds 6\.5, not a token id", id="float-in-list"),
+    pytest.param({"input_ids": torch.tensor([[5, 6]])}, {}, TypeError, r"enc\['input_ids'\], "
+                 r"attention_mask=enc\['attention_mask'\]", id="tokenizer-output"),
+])
+def test_prompt_forms_refused(prompts, kwargs, error, match):
+    model = build_model(load_preset("tiny-mamba2"), seed=0)
+    with pytest.raises(error, match=match):
+        generate(model, prompts, max_new_tokens=4, **kwargs)
 
 
 @pytest.fixture(scope="module")

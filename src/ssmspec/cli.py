@@ -10,7 +10,8 @@
     list                                      the registered experiments with titles and profiles
 
 A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
-prints one line starting with ``error:`` and exits with status 2; no run directory is left behind.
+prints one line starting with ``error:`` and exits with status 2; no run directory is left behind. A closed
+stdout (``ssmspec list | head -1``) ends any command quietly with status 141 (ssmspec/pipes.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ssmspec import paths
+from ssmspec.pipes import GuardedStdout, StdoutClosed, silence
 
 EXIT_USER = 2
 GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment")
@@ -35,6 +37,7 @@ class _State:
         self.results_dir = results_dir  # the user's results_dir, absolute (None: Hydra names the run dir)
         self.preexisting = results_dir is not None and results_dir.exists()  # never removed on failure
         self.created: list[Path] = []  # directories this invocation made (removed again on failure)
+        self.sweep_dir: Path | None = None  # a sweep's directory, as it starts (hydra_callbacks.SweepStart)
 
 
 _STATE = _State()
@@ -137,6 +140,34 @@ def _precheck(overrides: list[str], *, multirun: bool) -> list:
     return cfgs
 
 
+# hydra/launcher choices of hydra-submitit-launcher -> (Python modules they import, commands they run)
+_SUBMITIT = ("submitit", "hydra_plugins.hydra_submitit_launcher")
+_LAUNCHER_NEEDS = {"slurm": (_SUBMITIT, ("sbatch", "srun")), "submitit_slurm": (_SUBMITIT, ("sbatch", "srun")),
+                   "submitit_local": (_SUBMITIT, ())}
+_LAUNCH_HERE = "here, run the sweep with hydra/launcher=gpu_queue, or without hydra/launcher (one job after another)"
+
+
+def _check_launcher(overrides: list[str]) -> None:
+    """A sweep through submitit on a machine without it (or, for Slurm, without Slurm) fails before Hydra
+    starts, naming what is missing and the fix, instead of a traceback from inside the launcher."""
+    import importlib.util
+    import shutil
+
+    choice = _value(overrides, "hydra/launcher")
+    modules, commands = _LAUNCHER_NEEDS.get(choice, ((), ()))
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        needs = (f"hydra-submitit-launcher ({' and '.join(missing)} {'does' if len(missing) == 1 else 'do'} not "
+                 f"import here)" +
+                 (" and a Slurm cluster" if commands else ""))
+        install = "on the cluster, pip install -e \".[slurm]\"" if commands else "pip install -e \".[slurm]\""
+        raise ValueError(f"hydra/launcher={choice} needs {needs}: {install}; {_LAUNCH_HERE}")
+    absent = [c for c in commands if shutil.which(c) is None]
+    if absent:
+        raise ValueError(f"hydra/launcher={choice} submits the sweep to a Slurm cluster, and this machine has no "
+                         f"Slurm ({' and '.join(absent)} not on PATH): run it on the cluster's login node; {_LAUNCH_HERE}")
+
+
 def _prune_empty(path: Path, stop: Path) -> None:
     """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
     path, stop = path.absolute(), stop.absolute()
@@ -191,6 +222,8 @@ def cmd_run(argv: list[str]) -> int:
     results_path = None
     try:
         _check_group_overrides(overrides)
+        if multirun and not inspect_only:
+            _check_launcher(overrides)
         exp_id = _value(overrides, "experiment")
         if (not exp_id or exp_id == "null") and not inspect_only:
             raise ValueError("no experiment chosen: add experiment=<id> (`python -m ssmspec list` shows the ids)")
@@ -239,6 +272,12 @@ def cmd_run(argv: list[str]) -> int:
     sys.argv = ["ssmspec", *args]
     try:
         main()
+    except StdoutClosed:  # the reader of stdout went away (ssmspec/pipes.py): main() exits quietly
+        sweep = _STATE.sweep_dir  # a sweep stopped before its first job: its multirun.yaml goes too
+        if multirun and sweep is not None and not _STATE.preexisting and sweep not in _STATE.created:
+            _STATE.created.insert(0, sweep)
+        _cleanup()
+        raise
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if hasattr(e, "message"):  # the gpu_queue launcher: failed jobs (1) or bad launcher settings (2)
@@ -413,6 +452,21 @@ def cmd_list() -> int:
 
 # entry -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (141, quietly, when stdout is closed: ssmspec/pipes.py)."""
+    saved = sys.stdout
+    sys.stdout = guarded = GuardedStdout(saved)
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # what is still buffered, while a closed pipe can still be caught here
+        return status
+    except (BrokenPipeError, StdoutClosed):
+        return silence(saved)
+    finally:
+        if sys.stdout is guarded:
+            sys.stdout = saved
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("MPLBACKEND", "Agg")
     logging.basicConfig(level=logging.INFO, format="%(message)s")

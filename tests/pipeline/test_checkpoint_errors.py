@@ -97,3 +97,51 @@ def test_broken_checkpoint_through_the_command_line(cli, ckpt, tmp_path):
     assert status == 2 and "Traceback" not in err + stdout
     assert err.strip().splitlines()[-1].startswith("error: ") and "field 'vocab_size' is missing" in err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    """A checkpoint of an architecture load_model does not read (GPT-2: n_embd / n_layer, no hidden_size)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    path = tmp_path_factory.mktemp("ckpt") / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=16)).save_pretrained(path)
+    return path
+
+
+def _supported_listed(msg):
+    from ssmspec.models.loading import HF_FAMILIES
+    from ssmspec.models.loading_qwen import QWEN_ARCHITECTURES
+
+    for mt, cls in {**{k: v[0] for k, v in HF_FAMILIES.items()}, **QWEN_ARCHITECTURES}.items():
+        assert f"{cls} (model_type {mt})" in msg, msg
+    assert "mamba_ssm MambaLMHeadModel" in msg and "MambaInLlama (a llama config.json plus mamba_config.json)" in msg
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones(gpt2):
+    with pytest.raises(ValueError) as info:
+        load_model(gpt2)
+    msg = str(info.value)
+    assert msg.startswith(f"{gpt2}/config.json: model_type 'gpt2' (GPT2LMHeadModel) is not an architecture "
+                          f"load_model reads. load_model reads: ")
+    assert msg.endswith("Point it at a checkpoint of one of these") and "hidden_size" not in msg
+    _supported_listed(msg)
+
+
+def test_llama_without_mamba_config_and_config_without_model_type(ckpt):
+    _edit_config(ckpt, lambda c: c.update(model_type="llama", architectures=["LlamaForCausalLM"]))
+    _expect(ckpt, r"model_type 'llama' \(LlamaForCausalLM\) is not an architecture load_model reads \(a MambaInLlama "
+                  r"checkpoint also holds mamba_config.json; this one has none\)")
+    _edit_config(ckpt, lambda c: c.pop("model_type"))
+    _expect(ckpt, r"config.json: has no model_type \(LlamaForCausalLM\) and is no mamba_ssm config \(d_model, n_layer\)",
+            "load_model reads: Mamba2ForCausalLM")
+
+
+def test_unsupported_architecture_through_the_command_line(cli, gpt2, tmp_path):
+    out = tmp_path / "out"
+    status, stdout, err = cli("run", *TINY, f"checkpoint={gpt2}", f"results_dir={out}")
+    assert status == 2 and "Traceback" not in err + stdout
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert line.startswith(f"error: {gpt2}/config.json: model_type 'gpt2' (GPT2LMHeadModel) is not an architecture")
+    _supported_listed(line)
+    assert not out.exists()

@@ -15,7 +15,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from pipeline_helpers import TINY
 
-from hydra_plugins.ssmspec_launcher.gpu_queue import Job, make_slots, run_queue
+from hydra_plugins.ssmspec_launcher.gpu_queue import Job, detect_devices, make_slots, run_queue
 from ssmspec import config as C
 from ssmspec import paths
 from ssmspec.runner import RESULT_FILES
@@ -26,6 +26,20 @@ ONE_JOB = [*TINY, "bench.batch=[1]", "bench.phases=[decode]"]
 PROBE = ("import json, os, sys, time; t = time.time(); time.sleep(float(sys.argv[2])); "
          "open(sys.argv[1], 'w').write(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], t, time.time()])); "
          "print('error: probe says no' if sys.argv[3] != '0' else 'fine'); sys.exit(int(sys.argv[3]))")
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    """``fake_gpus(*ids)``: this machine shows these GPUs (CUDA_VISIBLE_DEVICES names them, torch counts them;
+    jobs pinned to them run on the CPU here). torch is patched, not the launcher: Hydra's plugin scan re-executes
+    the launcher's modules and would undo a patch there."""
+    import torch
+
+    def fake(*ids: str) -> None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(ids))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(ids))
+
+    return fake
 
 
 @pytest.mark.parametrize(("devices", "per_job", "slots"), [
@@ -68,7 +82,8 @@ def test_queue_runs_one_job_per_slot_at_once_and_keeps_going(tmp_path):
     assert wall < sum(o.wall_s for o in outcomes)
 
 
-def test_gpu_queue_sweep_spreads_jobs_over_fake_gpus(cli, tmp_path):
+def test_gpu_queue_sweep_spreads_jobs_over_fake_gpus(cli, tmp_path, fake_gpus):
+    fake_gpus("fake0", "fake1", "fake2")
     out = tmp_path / "sweep"
     status, stdout, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[fake0,fake1]",
                               *ONE_JOB, "bench.batch=[1],[2],[0]", f"results_dir={out}")
@@ -91,7 +106,8 @@ def test_gpu_queue_sweep_spreads_jobs_over_fake_gpus(cli, tmp_path):
     assert not [p for p in out.rglob("*") if ".partial-" in p.name]
 
 
-def test_gpu_queue_devices_from_environment(cli, tmp_path, monkeypatch):
+def test_gpu_queue_devices_from_environment(cli, tmp_path, monkeypatch, fake_gpus):
+    fake_gpus("gpuW", "gpuX")
     monkeypatch.setenv("SSMSPEC_DEVICES", "gpuX")
     out = tmp_path / "sweep"
     status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", *ONE_JOB, f"results_dir={out}")
@@ -101,13 +117,54 @@ def test_gpu_queue_devices_from_environment(cli, tmp_path, monkeypatch):
     assert env["cuda_visible_devices"] == "gpuX" and env["device"] == "cpu"
 
 
-def test_gpu_queue_refuses_bad_settings_before_any_directory(cli, tmp_path):
+def test_gpu_queue_refuses_bad_settings_before_any_directory(cli, tmp_path, fake_gpus):
+    fake_gpus("a", "b")
     out = tmp_path / "sweep"
     status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[a,b]",
                          "hydra.launcher.gpus_per_job=3", *ONE_JOB, f"results_dir={out}")
     assert status == 2
     assert err.strip() == "error: hydra.launcher: gpus_per_job=3 but only 2 device(s) ['a', 'b']; lower " \
                           "gpus_per_job or list more devices"
+    assert not out.exists()
+
+
+@pytest.mark.skipif(C.cuda_available(), reason="this machine's real GPU list: a CPU machine shows none")
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_gpu_queue_refuses_gpus_this_cpu_machine_lacks(cli, tmp_path, monkeypatch, how):
+    out = tmp_path / "sweep"
+    if how == "option":
+        args, what, fix = ["hydra.launcher.devices=[2,3]"], "devices=[2,3]", "drop hydra.launcher.devices"
+    else:
+        monkeypatch.setenv("SSMSPEC_DEVICES", "2,3")
+        args, what, fix = [], "$SSMSPEC_DEVICES=2,3", "unset SSMSPEC_DEVICES"
+    status, stdout, err = cli("run", "-m", "hydra/launcher=gpu_queue", *args, *ONE_JOB, f"results_dir={out}")
+    assert status == 2 and "on GPU" not in stdout
+    assert err.strip() == f"error: hydra.launcher: {what} names GPU 2, 3, but this machine shows no GPU; {fix} to " \
+                          f"run the jobs on the CPU"
+    assert not out.exists()
+
+
+@pytest.mark.skipif(C.cuda_available(), reason="a CPU machine: the default devices are none")
+def test_gpu_queue_default_on_a_cpu_machine_runs_cpu_jobs(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # names a GPU that CUDA cannot see here: still none
+    assert detect_devices() == []
+    out = tmp_path / "sweep"
+    status, stdout, err = cli("run", "-m", "hydra/launcher=gpu_queue", *ONE_JOB, f"results_dir={out}")
+    assert status == 0, err
+    assert "start  #0" in stdout and "on CPU" in stdout and "on GPU" not in stdout
+    (job,) = [p for p in out.iterdir() if p.name.startswith("0_")]
+    env = json.loads((job / "env.json").read_text())
+    assert env["device"] == "cpu" and env["cuda_visible_devices"] == ""
+
+
+def test_gpu_queue_refuses_gpus_the_machine_does_not_show(cli, tmp_path, fake_gpus):
+    fake_gpus("0", "1")
+    out = tmp_path / "sweep"
+    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[1,2,3]", *ONE_JOB,
+                         f"results_dir={out}")
+    assert status == 2
+    assert err.strip() == "error: hydra.launcher: devices=[1,2,3] names GPU 2, 3, which this machine does not show " \
+                          "(it shows GPU 0, 1); list only those, or drop hydra.launcher.devices to use them all"
     assert not out.exists()
 
 
@@ -138,6 +195,37 @@ def test_slurm_config_composes():
     assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
     assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")
     assert launcher.timeout_min == 120 and "array_parallelism" in launcher
+
+
+HERE = "here, run the sweep with hydra/launcher=gpu_queue, or without hydra/launcher (one job after another)"
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "submitit_local"])
+def test_submitit_launchers_without_submitit(cli, tmp_path, monkeypatch, launcher):
+    """As on a machine without ``pip install -e ".[slurm]"``: one line naming what is missing and the fix,
+    before Hydra makes a sweep directory."""
+    for name in ("submitit", "hydra_plugins.hydra_submitit_launcher"):
+        monkeypatch.setitem(sys.modules, name, None)  # import (and find_spec) now fail as if not installed
+    status, stdout, err = cli("run", "-m", f"hydra/launcher={launcher}", *ONE_JOB)
+    needs = "hydra-submitit-launcher (submitit and hydra_plugins.hydra_submitit_launcher do not import here)"
+    fix = 'pip install -e ".[slurm]"'
+    want = (f"error: hydra/launcher=slurm needs {needs} and a Slurm cluster: on the cluster, {fix}; {HERE}"
+            if launcher == "slurm" else f"error: hydra/launcher=submitit_local needs {needs}: {fix}; {HERE}")
+    assert status == 2 and err.strip() == want and "Traceback" not in stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_launcher_without_slurm(cli, tmp_path, monkeypatch):
+    """submitit imports but there is no Slurm here (no sbatch / srun): one line, not submitit's traceback."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="pip install -e '.[slurm]'")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    status, stdout, err = cli("run", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu", *ONE_JOB)
+    assert status == 2 and "Traceback" not in stdout
+    assert err.strip() == ("error: hydra/launcher=slurm submits the sweep to a Slurm cluster, and this machine has no "
+                           f"Slurm (sbatch and srun not on PATH): run it on the cluster's login node; {HERE}")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_sweep_through_submitit_local_executor(cli, tmp_path):
@@ -171,9 +259,10 @@ def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
     assert len(rows) == 2 and all(r["status"] == "ok" for r in rows) and starts[0] <= starts[1]
 
 
-def test_reproduce_slots(monkeypatch):
+def test_reproduce_slots(monkeypatch, fake_gpus):
     from ssmspec.cli import _reproduce_slots
 
+    fake_gpus("g0", "g1", "g2", "g3")
     monkeypatch.setenv("SSMSPEC_DEVICES", "g0,g1,g2")
     assert _reproduce_slots("gpu", "auto") == [("g0",), ("g1",), ("g2",)]
     assert _reproduce_slots("gpu", "2") == [("g0",), ("g1",)]

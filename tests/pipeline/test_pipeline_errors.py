@@ -1,6 +1,7 @@
 """Bad input ends in one clear message and exit status 2, with no traceback and no run directory left."""
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -118,3 +119,33 @@ def test_module_entry_point_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]  # one line
     assert proc.stderr.startswith("error: unknown experiment 'nope'") and "Traceback" not in proc.stderr
+
+
+_RUN = " ".join(shlex.quote(a) for a in TINY)
+
+
+@pytest.mark.parametrize("command,reader", [
+    pytest.param("list", "head -1", id="list-head"),
+    pytest.param("list", "true", id="list"),
+    pytest.param("--help", "true", id="help"),
+    pytest.param("policy --help", "true", id="policy-help"),
+    pytest.param("run experiment=throughput_ar --cfg job", "true", id="run-cfg-job"),
+    pytest.param(f"run {_RUN} results_dir=out", "true", id="run"),
+    pytest.param(f"run -m {_RUN} 'bench.batch=[1],[2]'", "true", id="sweep-before-its-first-job"),
+    pytest.param(f"run -m {_RUN} 'bench.batch=[1],[2]'", "head -1", id="sweep-head"),
+])
+def test_closed_stdout_ends_quietly(tmp_path, command, reader):
+    """``ssmspec ... | head -1``: no BrokenPipeError traceback, no "Logging error", nothing half-written; status
+    141 (128 + SIGPIPE) where a write met the closed pipe. ``true`` closes the pipe before the first write."""
+    script = f'{shlex.quote(sys.executable)} -m ssmspec {command} | {reader}; exit "${{PIPESTATUS[0]}}"'
+    proc = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.stderr == ""
+    if reader == "true":
+        assert proc.returncode == 141 and proc.stdout == ""
+    else:  # head read its line; the command may have written everything before head left
+        assert proc.returncode in (0, 141) and len(proc.stdout.splitlines()) == 1
+    assert not (tmp_path / "out").exists() and not list(tmp_path.rglob(".partial-*"))
+    if reader == "true" and "-m" in command.split():  # stopped at Hydra's "Launching" line: no sweep record left
+        assert not (tmp_path / "runs").exists()
+    assert not [p for p in tmp_path.rglob("multirun.yaml") if len(list(p.parent.iterdir())) == 1]

@@ -56,13 +56,16 @@ def visible_devices(devices: Sequence[str]) -> str:
 
 
 def detect_devices() -> list[str]:
-    """GPU ids of this machine: ``$CUDA_VISIBLE_DEVICES`` when set, else one id per GPU torch counts."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
-    import torch  # imported only here: a launcher given its devices never loads torch
+    """GPU ids of this machine: one per GPU torch counts, named as ``$CUDA_VISIBLE_DEVICES`` names them
+    when it is set (a Slurm allocation or a parent queue narrowed it), else 0..n-1. A variable naming GPUs
+    that CUDA cannot see (a CPU machine with ``CUDA_VISIBLE_DEVICES=0``) counts only those it sees."""
+    import torch  # imported only here: Hydra's plugin scan imports this module on every command
 
-    return [str(i) for i in range(torch.cuda.device_count())]
+    n = torch.cuda.device_count()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:  # CUDA reads the list up to its first invalid entry: the first n are the visible ones
+        return [d.strip() for d in env.split(",") if d.strip()][:n]
+    return [str(i) for i in range(n)]
 
 
 def make_slots(devices: Sequence[str], *, gpus_per_job: int = 1, cpu_jobs: int = 1) -> list[tuple[str, ...]]:

@@ -35,7 +35,7 @@ from hydra_plugins.ssmspec_launcher.gpu_queue import (Job, Outcome, detect_devic
                                                       visible_devices)
 
 log = logging.getLogger(__name__)
-DEVICES_ENV = "SSMSPEC_DEVICES"  # comma-separated GPU ids; overrides detection (tests pass fake ids)
+DEVICES_ENV = "SSMSPEC_DEVICES"  # comma-separated GPU ids (of this machine) instead of all of them
 OWN_KEYS = ("results_dir",)  # overrides the launcher sets itself for each job
 
 
@@ -51,13 +51,29 @@ class SweepExit(SystemExit):
 
 
 def resolve_devices(devices: Sequence[str] | None) -> list[str]:
-    """The launcher's ``devices`` option, else ``$SSMSPEC_DEVICES``, else the GPUs of this machine."""
+    """The launcher's ``devices`` option, else ``$SSMSPEC_DEVICES``, else the GPUs of this machine. An explicit
+    list naming a GPU this machine does not show raises ValueError before any job starts (a job pinned to
+    it would run on the CPU while the log says "on GPU 2")."""
     if devices is not None:
-        return [str(d) for d in devices]
+        devices = [str(d) for d in devices]
+        return _shown(devices, f"devices=[{','.join(devices)}]", "hydra.launcher.devices")
     env = os.environ.get(DEVICES_ENV)
     if env is not None:
-        return [d.strip() for d in env.split(",") if d.strip()]
+        return _shown([d.strip() for d in env.split(",") if d.strip()], f"${DEVICES_ENV}={env}", DEVICES_ENV)
     return detect_devices()
+
+
+def _shown(devices: list[str], what: str, setting: str) -> list[str]:
+    shown = detect_devices()
+    unknown = [d for d in devices if d not in shown]
+    if not unknown:
+        return devices
+    drop = f"unset {setting}" if setting == DEVICES_ENV else f"drop {setting}"
+    if not shown:
+        raise ValueError(f"{what} names GPU {', '.join(unknown)}, but this machine shows no GPU; {drop} to run the "
+                         f"jobs on the CPU")
+    raise ValueError(f"{what} names GPU {', '.join(unknown)}, which this machine does not show (it shows GPU "
+                     f"{', '.join(shown)}); list only those, or {drop} to use them all")
 
 
 def _log_name(subdir: str) -> str:

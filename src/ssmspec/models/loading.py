@@ -123,36 +123,37 @@ def _pick(hf: dict, *names, default=None):
 
 
 def config_from_hf(hf: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
-    """Map a transformers ``config.json`` (``mamba2`` or ``nemotron_h``) to our ``ModelConfig``."""
-    mt = hf.get("model_type")
+    """Map a transformers ``config.json`` (a ``model_type`` of ``HF_FAMILIES`` or a Qwen one) to our
+    ``ModelConfig``."""
+    from ssmspec.models.loading_qwen import config_from_qwen, is_qwen
+    if is_qwen(hf):
+        return config_from_qwen(hf, name=name, max_seq_len=max_seq_len)
+    family = HF_FAMILIES.get(hf.get("model_type"))
+    if family is None:
+        raise ValueError(unsupported_message(hf, name))
     common = {"name": name, "vocab_size": int(hf["vocab_size"]), "d_model": int(hf["hidden_size"]),
               "norm_eps": float(hf.get("layer_norm_epsilon", 1e-5)),
               "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
               "pad_token_id": _first_id(hf.get("pad_token_id"), 0),
               "bos_token_id": _first_id(hf.get("bos_token_id"), 0),
               "eos_token_id": _first_id(hf.get("eos_token_id"), 0)}
-    if mt == "mamba2":
-        heads, hd, hidden = int(hf["num_heads"]), int(hf["head_dim"]), int(hf["hidden_size"])
-        if hidden * hf.get("expand", 2) != heads * hd:  # transformers' validate_architecture
-            raise ValueError(f"{name}: hidden_size*expand ({hidden}*{hf.get('expand', 2)}) != num_heads*head_dim "
-                             f"({heads}*{hd}) in config.json; fix the config so the two agree")
-        lo, hi = hf.get("time_step_limit", (0.0, math.inf))
-        return ModelConfig(**common, family="mamba2", pattern="M" * int(hf["num_hidden_layers"]),
-                           ssm_heads=heads, head_dim=hd, state_size=int(hf["state_size"]),
-                           n_groups=int(hf.get("n_groups", 8)), conv_kernel=int(hf.get("conv_kernel", 4)),
-                           chunk_size=int(hf.get("chunk_size", 256)), dt_min_limit=float(lo), dt_max_limit=float(hi),
-                           conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
-                           mamba_activation=hf.get("hidden_act", "silu"),
-                           residual_in_fp32=bool(hf.get("residual_in_fp32", True)),
-                           max_seq_len=max_seq_len or 4096)
-    if mt == "nemotron_h":
-        return _nemotron_h_config(hf, common, name=name, max_seq_len=max_seq_len)
-    from ssmspec.models.loading_qwen import config_from_qwen, is_qwen
-    if is_qwen(hf):
-        return config_from_qwen(hf, name=name, max_seq_len=max_seq_len)
-    raise ValueError(f"{name}: model_type {mt!r} is not supported; load_model reads mamba2 "
-                     f"(Mamba2ForCausalLM), nemotron_h (NemotronHForCausalLM), qwen3_5 / qwen3_5_text "
-                     f"(Qwen3_5ForCausalLM), qwen3_next (Qwen3NextForCausalLM) and mamba_ssm checkpoints")
+    return family[1](hf, common, name=name, max_seq_len=max_seq_len)
+
+
+def _mamba2_config(hf: dict, common: dict, *, name: str, max_seq_len: int | None) -> ModelConfig:
+    heads, hd, hidden = int(hf["num_heads"]), int(hf["head_dim"]), int(hf["hidden_size"])
+    if hidden * hf.get("expand", 2) != heads * hd:  # transformers' validate_architecture
+        raise ValueError(f"{name}: hidden_size*expand ({hidden}*{hf.get('expand', 2)}) != num_heads*head_dim "
+                         f"({heads}*{hd}) in config.json; fix the config so the two agree")
+    lo, hi = hf.get("time_step_limit", (0.0, math.inf))
+    return ModelConfig(**common, family="mamba2", pattern="M" * int(hf["num_hidden_layers"]),
+                       ssm_heads=heads, head_dim=hd, state_size=int(hf["state_size"]),
+                       n_groups=int(hf.get("n_groups", 8)), conv_kernel=int(hf.get("conv_kernel", 4)),
+                       chunk_size=int(hf.get("chunk_size", 256)), dt_min_limit=float(lo), dt_max_limit=float(hi),
+                       conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
+                       mamba_activation=hf.get("hidden_act", "silu"),
+                       residual_in_fp32=bool(hf.get("residual_in_fp32", True)),
+                       max_seq_len=max_seq_len or 4096)
 
 
 def _nemotron_h_pattern(hf: dict, name: str) -> str:
@@ -206,6 +207,39 @@ def _nemotron_h_config(hf: dict, common: dict, *, name: str, max_seq_len: int | 
         max_seq_len=max_seq_len or min(max_pos, DEFAULT_MAX_SEQ_LEN))
 
 
+# model_type -> (the transformers class that saves it, the mapper of its config.json). config_from_hf
+# dispatches on this table and supported_architectures() lists it, so the two cannot disagree.
+HF_FAMILIES = {"mamba2": ("Mamba2ForCausalLM", _mamba2_config),
+               "nemotron_h": ("NemotronHForCausalLM", _nemotron_h_config)}
+MAMBA_SSM_KEYS = ("d_model", "n_layer")  # a config.json without model_type but with these is mamba_ssm's
+
+
+def supported_architectures() -> list[str]:
+    """What ``load_model`` reads, one entry per checkpoint kind, taken from the loaders' dispatch tables."""
+    from ssmspec.models.loading_mil import MIL_CONFIG
+    from ssmspec.models.loading_qwen import QWEN_ARCHITECTURES
+
+    hf = {**{mt: cls for mt, (cls, _) in HF_FAMILIES.items()}, **QWEN_ARCHITECTURES}
+    return [f"{cls} (model_type {mt})" for mt, cls in hf.items()] + [
+        f"mamba_ssm MambaLMHeadModel (config.json with {' and '.join(MAMBA_SSM_KEYS)}, no model_type)",
+        f"MambaInLlama (a llama config.json plus {MIL_CONFIG})"]
+
+
+def unsupported_message(raw: dict, where: str) -> str:
+    """``where`` holds an architecture load_model does not read: name it, every supported one and the fix."""
+    from ssmspec.models.loading_mil import MIL_CONFIG
+
+    mt, archs = raw.get("model_type"), raw.get("architectures")
+    names = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
+    if mt is None:
+        found = f"has no model_type{names} and is no mamba_ssm config ({', '.join(MAMBA_SSM_KEYS)})"
+    else:
+        found = f"model_type {mt!r}{names} is not an architecture load_model reads"
+    hint = f" (a MambaInLlama checkpoint also holds {MIL_CONFIG}; this one has none)" if mt == "llama" else ""
+    return (f"{where}: {found}{hint}. load_model reads: {'; '.join(supported_architectures())}. Point it at "
+            f"a checkpoint of one of these")
+
+
 def config_from_mamba_ssm(raw: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
     """Map a mamba_ssm ``MambaConfig`` (config.json of ``MambaLMHeadModel``) to our ``ModelConfig``."""
     m = {**MAMBA_SSM_MODEL_DEFAULTS, **raw}
@@ -244,21 +278,23 @@ def config_from_mamba_ssm(raw: dict, *, name: str = "checkpoint", max_seq_len: i
                        pad_token_id=0, bos_token_id=0, eos_token_id=0)
 
 
-def checkpoint_format(raw: dict) -> str:
-    """``hf`` or ``mamba_ssm`` from a decoded config.json."""
+def checkpoint_format(raw: dict, where: str = "config.json") -> str:
+    """``hf`` or ``mamba_ssm`` from a decoded config.json; any other architecture raises, naming it."""
     if "model_type" in raw:
+        from ssmspec.models.loading_qwen import is_qwen
+        if raw["model_type"] not in HF_FAMILIES and not is_qwen(raw):
+            raise ValueError(unsupported_message(raw, where))
         return "hf"
-    if "d_model" in raw and "n_layer" in raw:
+    if all(k in raw for k in MAMBA_SSM_KEYS):
         return "mamba_ssm"
-    raise ValueError("config.json is neither a transformers config (model_type) nor a mamba_ssm MambaConfig "
-                     "(d_model, n_layer, ssm_cfg); point load_model at a Mamba2/NemotronH checkpoint directory")
+    raise ValueError(unsupported_message(raw, where))
 
 
 def config_from_checkpoint(path: str | os.PathLike, *, max_seq_len: int | None = None) -> ModelConfig:
     """The ``ModelConfig`` of a checkpoint directory (either format)."""
     raw = read_config_json(path)
     name, file = Path(path).name, Path(path) / "config.json"
-    fmt = checkpoint_format(raw)
+    fmt = checkpoint_format(raw, str(file))  # an unsupported architecture, before its fields are read
     _check_sizes(raw, file)
     try:
         if fmt == "hf":

@@ -30,14 +30,16 @@ from ssmspec.models.model import HybridLM
 
 log = logging.getLogger(__name__)
 
-QWEN_MODEL_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+# model_type -> the transformers class that saves it (loading.supported_architectures lists them)
+QWEN_ARCHITECTURES = {"qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM",
+                      "qwen3_next": "Qwen3NextForCausalLM"}
 _MIXER = {"linear_attention": "G", "full_attention": "*"}
 _ZERO_CENTRED = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight", "k_norm.weight")
 _SKIP = ("mtp.", "model.visual.", "visual.", "model.mtp.")
 
 
 def is_qwen(raw: dict) -> bool:
-    return raw.get("model_type") in QWEN_MODEL_TYPES
+    return raw.get("model_type") in QWEN_ARCHITECTURES
 
 
 def _text(raw: dict) -> dict:
