@@ -46,6 +46,23 @@ def test_token_buffer_holds_prompts_then_outputs_and_reports_match():
     assert out.drafter_on_device and not out.cuda_graph
 
 
+def test_prefill_without_prompt_lists_reads_the_valid_tokens_of_left_padded_rows():
+    """A drafter gets the prompts prefill hands it: without ``prompts=`` they come from the mask (before,
+    ``row[:n]`` took the left padding for the prompt)."""
+    from ssmspec.engine.generate import _pad_left
+
+    class Seen(PromptNgram):
+        def reset(self, prompts, **kw):
+            self.seen = [list(p) for p in prompts]
+            return super().reset(prompts, **kw)
+
+    model = build_model(load_preset("tiny-hybrid"), seed=0)
+    ids, valid = _pad_left(PROMPTS, 0, "cpu")
+    d = Seen(ngram=2, num_drafts=1, draft_len=3)
+    Engine(model, batch=3, prefill_len=7, max_new_tokens=6, strategy="replay", drafter=d).prefill(ids, valid)
+    assert d.seen == PROMPTS
+
+
 def test_eos_stops_a_sequence_inside_a_window_and_finished_rows_emit_nothing():
     model = build_model(load_preset("tiny-mamba2"), seed=1, dtype=torch.float64)
     ref = generate(model, PROMPTS, max_new_tokens=12).sequences

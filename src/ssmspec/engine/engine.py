@@ -109,8 +109,8 @@ class Engine:
         self.step.grow_bound = not self.graphed
         self.step.prefill(ids, valid)
         if self.drafter is not None:
-            if prompts is None:
-                prompts = [row[:n] for row, n in zip(ids.tolist(), valid.sum(1).tolist())]
+            if prompts is None:  # the valid tokens of each row, wherever the padding is
+                prompts = [[t for t, v in zip(row, keep) if v] for row, keep in zip(ids.tolist(), valid.tolist())]
             self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device,
                                max_new_tokens=self.step.max_new_tokens)
         return self.step.report_of(self.step.report.cpu())
