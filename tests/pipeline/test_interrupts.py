@@ -121,19 +121,18 @@ def test_an_interrupted_sweep_keeps_the_jobs_that_finished(tmp_path):
 
 
 def test_an_interrupted_gpu_queue_sweep_stops_its_children(tmp_path):
-    sweep = tmp_path / "sweep"  # one slot, so that which job runs when the signal comes is certain
+    # one slot, so that which job runs when the signal comes is certain (keeping finished jobs is the same
+    # code as reproduce's, tested below)
     run = Cmd(tmp_path, "run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[fake0]",
-              *FAST[:-1], "bench.iters=2,1000000,3", "results_dir=sweep")
-    (partial,) = wait_for(lambda: partials(sweep, "1_*"), "job #1's staging folder", run)
+              *FAST[:-1], "bench.iters=1000000,2", "results_dir=sweep")
+    (partial,) = wait_for(lambda: partials(tmp_path / "sweep", "0_*"), "job #0's staging folder", run)
     child = rundir.read_owner(partial)
+    assert child["pid"] != run.proc.pid
     assert run.signal(signal.SIGTERM) == 143
     _, err = run.output()
-    assert one_line(err) == ("interrupted (SIGTERM): job(s) #0 finished and are kept in "
-                             f"{sweep}; stopped (nothing written): #1; not started: #2")
+    assert one_line(err) == "interrupted (SIGTERM): no job had finished; stopped (nothing written): #0; not started: #1"
     assert not rundir.owner_alive(child)  # the child was stopped too
-    assert [p.name[:2] for p in sweep.iterdir() if p.is_dir() and p.name[0].isdigit()] == ["0_"]
-    assert [p.name[:2] for p in (sweep / "logs").iterdir()] == ["0_"]  # the stopped job's log went with it
-    assert not partials(tmp_path) and not empty_dirs(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # its log, Hydra's multirun.yaml and the sweep directory went with it
 
 
 # ssmspec reproduce --------------------------------------------------------------------------------------
@@ -151,35 +150,38 @@ def three_experiments(tmp_path):
     return {"SSMSPEC_CONF": str(conf), "SSMSPEC_RESULTS": str(tmp_path / "results")}
 
 
-@pytest.mark.parametrize("save_reference", [False, True], ids=["fresh-folder", "save-reference"])
-def test_an_interrupted_reproduce_stops_its_child_and_keeps_what_finished(tmp_path, three_experiments,
-                                                                           save_reference):
-    results = tmp_path / "results"
-    if save_reference:  # exp_b has older references, which the stopped run must not touch
-        (results / "exp_b" / "cpu").mkdir(parents=True)
-        (results / "exp_b" / "cpu" / "results.jsonl").write_text('{"old": 1}\n')
-    argv = ["reproduce", "--profile", "cpu", "--only", "exp_a,exp_b,exp_c"]
-    run = Cmd(tmp_path, *argv, *(["--save-reference"] if save_reference else []), env=three_experiments)
+def test_an_interrupted_reproduce_stops_its_child_and_keeps_what_finished(tmp_path, three_experiments):
+    run = Cmd(tmp_path, "reproduce", "--profile", "cpu", "--only", "exp_a,exp_b,exp_c", env=three_experiments)
     (partial,) = wait_for(lambda: partials(tmp_path, "exp_b/cpu"), "exp_b's staging folder", run)
     child = rundir.read_owner(partial)
     assert run.signal(signal.SIGTERM) == 143
     out, err = run.output()
     assert not rundir.owner_alive(child) and not partials(tmp_path) and not empty_dirs(tmp_path)
     assert "[1/3] exp_a: ok in " in out and "[2/3] exp_b: " in out and "[3/3]" not in out
-    if save_reference:
-        assert one_line(err) == (
-            "interrupted (SIGTERM): finished (their results/<id>/cpu replaced): exp_a; stopped (results/<id>/cpu "
-            "keeps its previous files): exp_b; not started: exp_c; no figures or summary were made")
-        assert (results / "exp_a" / "cpu" / "results.jsonl").is_file()
-        assert (results / "exp_b" / "cpu" / "results.jsonl").read_text() == '{"old": 1}\n'
-        assert not (tmp_path / "runs").exists()
-    else:
-        (base,) = (tmp_path / "runs" / "reproduce").iterdir()
-        assert one_line(err) == (
-            f"interrupted (SIGTERM): finished (kept in runs/reproduce/{base.name}/results): exp_a; stopped (nothing "
-            "written): exp_b; not started: exp_c; no figures or summary were made")
-        assert [p.name for p in (base / "results").iterdir()] == ["exp_a"]
-        assert (base / "results" / "exp_a" / "cpu" / "results.jsonl").is_file() and not results.exists()
+    (base,) = (tmp_path / "runs" / "reproduce").iterdir()
+    assert one_line(err) == (
+        f"interrupted (SIGTERM): finished (kept in runs/reproduce/{base.name}/results): exp_a; stopped (nothing "
+        "written): exp_b; not started: exp_c; no figures or summary were made")
+    assert [p.name for p in (base / "results").iterdir()] == ["exp_a"]
+    assert (base / "results" / "exp_a" / "cpu" / "results.jsonl").is_file()
+    assert not (tmp_path / "results").exists()  # the committed references are not touched
+
+
+def test_an_interrupted_reproduce_save_reference_keeps_the_older_references(tmp_path, three_experiments):
+    ref = tmp_path / "results" / "exp_b" / "cpu"
+    ref.mkdir(parents=True)
+    (ref / "results.jsonl").write_text('{"old": 1}\n')
+    run = Cmd(tmp_path, "reproduce", "--profile", "cpu", "--only", "exp_b,exp_c", "--save-reference",
+              env=three_experiments)
+    (partial,) = wait_for(lambda: partials(ref), "exp_b's staging folder", run)
+    child = rundir.read_owner(partial)
+    assert run.signal(signal.SIGINT) == 130
+    out, err = run.output()
+    assert one_line(err) == ("interrupted (SIGINT): stopped (results/<id>/cpu keeps its previous files): exp_b; "
+                             "not started: exp_c; no figures or summary were made")
+    assert not rundir.owner_alive(child) and "[1/2] exp_b: " in out
+    assert [p.name for p in ref.iterdir()] == ["results.jsonl"] and "old" in (ref / "results.jsonl").read_text()
+    assert not (tmp_path / "runs").exists()
 
 
 # SIGKILL: the next run removes what a killed one left -------------------------------------------------------
