@@ -205,10 +205,15 @@ def reproduce(profile: str | None, only: str | None, *, allow_missing_baselines:
     if why:
         return _error(f"reproduce cannot write into {paths.shown(out)} ({why}); run it from a clone you can "
                       f"write to")
-    first_new = out / "x"  # the outermost folder this reproduction makes (removed again if it stays empty)
-    while not first_new.parent.exists():
-        first_new = first_new.parent
+    existing = Path("runs", "reproduce").absolute()
+    while not existing.exists():
+        existing = existing.parent
     plan = make_plan(profile, save_reference=save_reference)
+    # the outermost folder this reproduction makes for runs/reproduce/<time>/: removed again (with the folders
+    # below it) if it ends empty, e.g. when nothing finished, or --save-reference wrote no log
+    first_new = plan.base
+    while first_new.parent != existing:
+        first_new = first_new.parent
     out = plan.results_root if save_reference else plan.base
     with contextlib.ExitStack() as stack:
         try:
@@ -216,8 +221,7 @@ def reproduce(profile: str | None, only: str | None, *, allow_missing_baselines:
         except rundir.Busy as e:
             return _error(f"{paths.shown(out)} is being written by another reproduction ({e}); wait for it to "
                           f"finish, or run without --save-reference (into runs/reproduce/)")
-        if not save_reference:
-            stack.callback(lambda: _remove_empty(plan.base, first_new))
+        stack.callback(lambda: _remove_empty(plan.base, first_new))
         _sweep_dead()
         return _reproduce(exps, plan, queue_slots, allow_missing_baselines=allow_missing_baselines)
 

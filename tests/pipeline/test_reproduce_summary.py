@@ -215,3 +215,10 @@ def test_reproduce_summary_marks_a_failed_experiment(fake_reproduce, capsys):
     out, err = capsys.readouterr()
     line = next(x for x in out.splitlines() if x.startswith("kernel_parity"))
     assert "FAILED" in line and "1 experiment(s) failed: kernel_parity (nothing of them was written)" in err
+
+
+def test_reproduce_that_wrote_nothing_leaves_no_empty_folder(fake_reproduce, capsys, tmp_path):
+    (tmp_path / "runs" / "reproduce").mkdir(parents=True)  # an older reproduction's folder was here
+    assert fake_reproduce(None, None) == 2
+    assert "2 experiment(s) failed" in capsys.readouterr().err
+    assert list((tmp_path / "runs" / "reproduce").iterdir()) == []  # its runs/reproduce/<time>/ went again
