@@ -1,28 +1,35 @@
 """Command line: ``python -m ssmspec <command>`` (or the ``ssmspec`` console script).
 
     run [-m] [--save-reference] [overrides]   run an experiment (Hydra: experiment=<id> key=value ...)
-    plot <id> [--profile P] [--from DIR] [--out PNG]   draw an experiment's figure from results only
-    figures                                   draw every figure that has reference results
+    plot <id> [--profile P] [--from DIR] [--out PNG] [--results ROOT] [--figures DIR]   draw an experiment's
+                                              figure from results only
+    figures [--results ROOT] [--figures DIR]  draw every figure that has reference results
     policy --fit <cost_model.json> --batch B [B ...] --alpha A   the cost model's pick of strategy, S and D
-    reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines] [--jobs N|auto]  run every
-                                              experiment of the profile (one per GPU at once), draw all figures,
-                                              end with a summary (ssmspec/summary.py)
+    reproduce [--profile cpu|gpu] [--only ID,...] [--allow-missing-baselines] [--jobs N|auto] [--save-reference]
+                                              run every experiment of the profile (one per GPU at once) into
+                                              runs/reproduce/<time>/ (--save-reference: into results/), draw
+                                              their figures, end with a summary (ssmspec/reproduce.py)
     list                                      the registered experiments with titles and profiles
+    clean [--keep-runs]                       remove the staging folders of killed runs, then runs/
 
-A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine)
-prints one line starting with ``error:`` and exits with status 2; no run directory is left behind. A closed
+A user error (unknown experiment or preset, a setting out of range, a GPU-only request on a CPU machine,
+a results_dir that cannot be written or that another run is writing) prints one line starting with
+``error:`` and exits with status 2; no run directory is left behind. SIGINT, SIGTERM and SIGHUP stop any
+command with one line, ``interrupted (SIGTERM): <what was kept, what was not>``, and exit status 128 + the
+signal number, leaving no staging folder and no empty run directory (ssmspec/interrupt.py). A closed
 stdout (``ssmspec list | head -1``) ends any command quietly with status 141 (ssmspec/pipes.py).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
 import sys
 from pathlib import Path
 
-from ssmspec import paths
+from ssmspec import interrupt, paths, rundir
 from ssmspec.pipes import GuardedStdout, StdoutClosed, silence
 
 EXIT_USER = 2
@@ -32,12 +39,32 @@ GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment
 class _State:
     """What the Hydra job and the command around it share (same process)."""
 
-    def __init__(self, results_dir: Path | None = None) -> None:
+    def __init__(self, results_dir: Path | None = None, multirun: bool = False) -> None:
         self.job_started = False
         self.results_dir = results_dir  # the user's results_dir, absolute (None: Hydra names the run dir)
         self.preexisting = results_dir is not None and results_dir.exists()  # never removed on failure
         self.created: list[Path] = []  # directories this invocation made (removed again on failure)
         self.sweep_dir: Path | None = None  # a sweep's directory, as it starts (hydra_callbacks.SweepStart)
+        self.multirun = multirun
+        self.sweep: Path | None = None  # a multirun's sweep directory
+        self.done: list[tuple[Path, int]] = []  # (run directory, job number) of the jobs that finished
+        self.current: tuple[Path, int] | None = None  # the job running now
+
+    def interrupted(self) -> str:
+        """What an interrupted ``run`` kept and what not, for its ``interrupted (...)`` line."""
+        kept = ""
+        if self.results_dir is not None and self.preexisting:
+            kept = f"; {paths.shown(self.results_dir)} keeps its previous files"
+        if not self.multirun:
+            if self.done:
+                return f"the run had finished before the signal: its files are in {paths.shown(self.done[0][0])}"
+            return "nothing of this run was written" + kept
+        stopped = f"; nothing of job #{self.current[1]} was written" if self.current else ""
+        if self.done:
+            jobs = ", ".join(f"#{n}" for _, n in self.done)
+            sweep = paths.shown(self.sweep or self.done[0][0].parent)
+            return f"job(s) {jobs} finished and are kept in {sweep}{stopped}"
+        return "nothing of this sweep was written" + kept
 
 
 _STATE = _State()
@@ -171,13 +198,17 @@ def _check_launcher(overrides: list[str]) -> None:
 def _prune_empty(path: Path, stop: Path) -> None:
     """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
     path, stop = path.absolute(), stop.absolute()
-    while path != stop and stop in path.parents and path.is_dir() and not any(path.iterdir()):
+    while (path != stop and stop in path.parents and path.is_dir() and not any(path.iterdir())
+           and not rundir.locked_by_other(path)):  # an empty folder another run has just made stays
         path.rmdir()
         path = path.parent
 
 
 def _job(cfg) -> None:
-    """The Hydra task: run the experiment into the job's output directory."""
+    """The Hydra task: run the experiment into the job's output directory.
+
+    ``cmd_run`` holds signals while Hydra composes and makes this directory; they are let through once the
+    directory is recorded, so an interrupted job always removes what it made."""
     from hydra.core.hydra_config import HydraConfig
 
     from ssmspec.runner import UserError, run_experiment
@@ -189,16 +220,29 @@ def _job(cfg) -> None:
     if multirun or not _STATE.preexisting:
         _STATE.created.append(out)  # a sweep's job dir is always new
     sweep = Path(hc.sweep.dir).absolute()
+    if multirun:
+        _STATE.sweep = sweep
     if multirun and not _STATE.preexisting and sweep not in _STATE.created:
         _STATE.created.insert(0, sweep)
+    _STATE.current = (out, int(hc.job.num) if multirun else 0)
     try:
-        run_experiment(cfg, out, cli_overrides=list(hc.overrides.task))
+        with interrupt.allowed():
+            run_experiment(cfg, out, cli_overrides=list(hc.overrides.task))
     except UserError as e:
         _cleanup()
         raise SystemExit(_error(str(e)))
+    except interrupt.Interrupted as e:
+        if e.written:  # finished before the signal: its files stay
+            _STATE.done.append(_STATE.current)
+            _STATE.current = None
+        else:
+            _cleanup()
+        raise
     except BaseException:
         _cleanup()
         raise
+    _STATE.done.append(_STATE.current)
+    _STATE.current = None
 
 
 def _cleanup() -> None:
@@ -213,8 +257,36 @@ def _cleanup() -> None:
         _prune_empty(d, stop if stop in d.parents else d.parent)
 
 
+def _unwritable_target(overrides: list[str], results_path: Path | None, multirun: bool) -> str | None:
+    """The ``error:`` message when the run could not write its directory (a read-only mount, /sys, a folder
+    without write permission), checked before anything runs; None when it can."""
+    if results_path is not None:
+        why = rundir.unwritable(results_path)
+        return None if why is None else (
+            f"results_dir={results_path} cannot be written ({why}); choose a folder you can write to")
+    pattern = _value(overrides, f"hydra.{'sweep' if multirun else 'run'}.dir") or "runs"
+    base = Path(pattern.strip("'\"").split("${")[0] or ".").absolute()
+    why = rundir.unwritable(base)
+    return None if why is None else (
+        f"the run directory under {base} cannot be written ({why}); run from a folder you can write to, "
+        f"or pass results_dir=<a folder you can write to>")
+
+
 def cmd_run(argv: list[str]) -> int:
     multirun = any(a in ("-m", "--multirun") for a in argv)
+    _STATE.__init__(None, multirun)
+    try:
+        return _cmd_run(argv, multirun)
+    except interrupt.Interrupted as e:
+        e.detail = e.detail or _STATE.interrupted()
+        for d in e.emptied:  # a gpu_queue sweep directory with no job kept: only Hydra's multirun.yaml
+            if not (_STATE.preexisting and d == _STATE.results_dir):
+                _STATE.created.append(d)
+        _cleanup()
+        raise
+
+
+def _cmd_run(argv: list[str], multirun: bool) -> int:
     save_ref = "--save-reference" in argv
     inspect_only = any(a in ("-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg") for a in argv)
     args = [a for a in argv if a != "--save-reference"]  # Hydra's own flags keep their order and values
@@ -243,9 +315,23 @@ def cmd_run(argv: list[str]) -> int:
             quoted = _quote(str(results_path))
             args = [a for a in args if a.partition("=")[0] != "results_dir"]
             args += [f"results_dir={quoted}", f"hydra.{'sweep' if multirun else 'run'}.dir={quoted}"]
+        if not inspect_only:
+            unwritable = _unwritable_target(overrides, results_path, multirun)
+            if unwritable:
+                raise ValueError(unwritable)
     except ValueError as e:
         return _error(str(e))
+    _STATE.__init__(results_path, multirun)
+    with contextlib.ExitStack() as held:
+        if results_path is not None and results_path.is_dir() and not inspect_only:
+            try:  # refused at once, before torch loads, when another run writes there (the job locks it again)
+                held.enter_context(rundir.lock(results_path))
+            except rundir.Busy as e:
+                return _error(rundir.busy_message(results_path, str(e)))
+        return _run_hydra(args, multirun=multirun, inspect_only=inspect_only)
 
+
+def _run_hydra(args: list[str], *, multirun: bool, inspect_only: bool) -> int:
     import hydra  # imported only now: a bad override above answers without loading torch
 
     from ssmspec.config import register_configs
@@ -266,12 +352,16 @@ def cmd_run(argv: list[str]) -> int:
             return 0
     if any(a in ("-i", "--info") for a in args):
         logging.getLogger().handlers.clear()  # Hydra's --info adds its own stdout handler: print once
-    _STATE.__init__(results_path)
     main = hydra.main(version_base="1.3", config_path=str(paths.CONF_DIR), config_name="config")(_job)
+    # signals wait while Hydra composes and makes the run directory; _job (and the gpu_queue launcher) let
+    # them through once it is recorded. Another launcher (submitit, ...) gets them at once.
+    launcher = _value(args, "hydra/launcher")
+    gate = interrupt.deferred() if launcher in (None, "basic", "gpu_queue") else contextlib.nullcontext()
     saved = sys.argv
     sys.argv = ["ssmspec", *args]
     try:
-        main()
+        with gate:
+            main()
     except StdoutClosed:  # the reader of stdout went away (ssmspec/pipes.py): main() exits quietly
         sweep = _STATE.sweep_dir  # a sweep stopped before its first job: its multirun.yaml goes too
         if multirun and sweep is not None and not _STATE.preexisting and sweep not in _STATE.created:
@@ -293,19 +383,29 @@ def cmd_run(argv: list[str]) -> int:
 
 # plot / figures -------------------------------------------------------------------------------------
 def _draw(exp, run_dir: Path, out: Path) -> Path:
+    """Draw ``exp``'s figure from ``run_dir``'s rows into ``out``, through a hidden file renamed into place
+    (an interrupted drawing leaves the older figure, not half a PNG)."""
     from ssmspec.registry import read_results
 
     df = read_results(run_dir)
     if df.empty:
         raise ValueError(f"{run_dir}/results.jsonl has no rows")
     out.parent.mkdir(parents=True, exist_ok=True)
-    exp.plot_fn()(df, out)
-    if not out.is_file():
-        raise RuntimeError(f"plot function {exp.plot} wrote no file at {out}")
+    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
+    try:
+        exp.plot_fn()(df, tmp)
+        if not tmp.is_file():
+            raise RuntimeError(f"plot function {exp.plot} wrote no file at {out}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
-def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = None, out: str | None = None) -> int:
+def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = None, out: str | None = None,
+             results_root: Path | None = None, figures_dir: Path | None = None) -> int:
+    """Draw ``exp_id``'s figure: from one run directory (``run_dir``), else from the reference results of each
+    profile under ``results_root`` (default results/) into ``figures_dir`` (default results/figures/)."""
     from ssmspec.registry import figure_path, get_experiment, reference_dir, reference_profiles
 
     try:
@@ -314,125 +414,47 @@ def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = N
             target = Path(out) if out else Path(run_dir) / f"{exp_id}.png"
             print(_draw(exp, Path(run_dir), target))
             return 0
-        profiles = [profile] if profile else reference_profiles(exp_id)
+        profiles = [profile] if profile else reference_profiles(exp_id, root=results_root)
         if not profiles:
-            raise ValueError(f"no reference results for {exp_id!r} under {paths.RESULTS_DIR}/{exp_id}/; run "
-                             f"`python -m ssmspec run experiment={exp_id} --save-reference`, or plot a run "
-                             f"with --from runs/...")
+            root = results_root or paths.RESULTS_DIR
+            raise ValueError(f"no reference results for {exp_id!r} under {root}/{exp_id}/; run `python -m ssmspec "
+                             f"run experiment={exp_id} --save-reference`, or plot a run with --from runs/...")
         if out and len(profiles) > 1:
             raise ValueError("--out names one file: add --profile cpu|gpu")
         for p in profiles:
-            print(_draw(exp, reference_dir(exp_id, p), Path(out) if out else figure_path(exp_id, p)))
+            target = Path(out) if out else figure_path(exp_id, p, figures=figures_dir)
+            print(paths.shown(_draw(exp, reference_dir(exp_id, p, root=results_root), target)))
     except ValueError as e:
         return _error(str(e))
     return 0
 
 
-def cmd_figures() -> int:
+def cmd_figures(results_root: Path | None = None, figures_dir: Path | None = None,
+                ids: list[str] | None = None) -> int:
+    """Draw every figure (of ``ids`` only, if given) that has results under ``results_root``."""
     from ssmspec.registry import experiments, reference_profiles
 
     try:
-        exps = experiments()
+        exps = [e for e in experiments() if ids is None or e.id in ids]
     except ValueError as e:
         return _error(str(e))
-    status = 0
-    for exp in exps:
-        if not reference_profiles(exp.id):
-            print(f"{exp.id}: no reference results yet (skipped)")
-            continue
-        status = max(status, cmd_plot(exp.id))
+    status, seen, drawn = 0, 0, 0
+    try:
+        for exp in exps:
+            if reference_profiles(exp.id, root=results_root):
+                status = max(status, cmd_plot(exp.id, results_root=results_root, figures_dir=figures_dir))
+                drawn += 1
+            else:
+                print(f"{exp.id}: no reference results yet (skipped)")
+            seen += 1
+    except interrupt.Interrupted as e:
+        e.detail = e.detail or (f"the figures of {drawn} experiment(s) were drawn and are kept; not drawn: "
+                                f"{', '.join(x.id for x in exps[seen:])}")
+        raise
     return status
 
 
-# reproduce / list ----------------------------------------------------------------------------------
-def _reproduce_slots(profile: str, jobs: str | None) -> list[tuple[str, ...]]:
-    """Where ``reproduce`` runs its experiments: one slot per GPU on the gpu profile (``--jobs auto``,
-    the default; ``--jobs N``: the first N GPUs), ``N`` CPU slots on the cpu profile (auto: one, since
-    CPU timings of parallel runs disturb each other)."""
-    from hydra_plugins.ssmspec_launcher.gpu_queue import make_slots
-    from hydra_plugins.ssmspec_launcher.launcher import resolve_devices
-
-    jobs = jobs or "auto"
-    if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
-        raise ValueError(f"--jobs takes a positive number or auto, got {jobs!r}")
-    if profile == "cpu":
-        return make_slots([], cpu_jobs=1 if jobs == "auto" else int(jobs))
-    slots = make_slots(resolve_devices(None)) or [()]
-    if jobs != "auto" and int(jobs) > len(slots):
-        raise ValueError(f"--jobs {jobs} but this machine shows {len(slots)} GPU(s); use --jobs auto or fewer")
-    return slots if jobs == "auto" else slots[:int(jobs)]
-
-
-def _run_reference_runs(exps, profile: str, slots: list[tuple[str, ...]]) -> list[str]:
-    """``run experiment=<id> --save-reference`` for each experiment, as a queue over ``slots`` (one child
-    process each, pinned to its GPU); returns the ids that failed. One slot: the children write to this
-    terminal, one after the other; several: each to runs/reproduce/<time>/<id>.log."""
-    import datetime
-    import time
-
-    from hydra_plugins.ssmspec_launcher.gpu_queue import Job, run_queue, summary, visible_devices
-
-    env = {"SSMSPEC_CONF": str(paths.CONF_DIR), "SSMSPEC_RESULTS": str(paths.RESULTS_DIR)}
-    logs = Path("runs", "reproduce", datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")).absolute()
-    jobs = [Job(name=e.id, argv=(sys.executable, "-m", "ssmspec", "run", f"experiment={e.id}", f"profile={profile}",
-                                 "--save-reference"), log=logs / f"{e.id}.log" if len(slots) > 1 else None, env=env)
-            for e in exps]
-    titles = {e.id: e.title for e in exps}
-    where = lambda devices: f"GPU {visible_devices(devices)}" if devices else "this machine"  # noqa: E731
-
-    def on_start(job, devices) -> None:
-        print(f"\n=== {job.name}: {titles[job.name]}" + (f" (on {where(devices)}, log {job.log})" if job.log else ""),
-              flush=True)
-
-    def on_end(out) -> None:
-        if out.job.log is not None:
-            state = "ok" if out.ok else f"FAILED (exit {out.returncode}): {out.last_error()}"
-            print(f"=== {out.job.name}: {state} in {out.wall_s:.1f} s on {where(out.devices)}", flush=True)
-
-    t0 = time.perf_counter()
-    outcomes = run_queue(jobs, slots, on_start=on_start, on_end=on_end)
-    wall = time.perf_counter() - t0
-    print("\n=== experiments (wall time per experiment and where it ran)")
-    for out in outcomes:
-        print(f"  {'ok' if out.ok else 'FAILED':<6} {out.wall_s:8.1f} s  {where(out.devices):<14} {out.job.name}")
-    print(f"  {summary(outcomes, wall, len(slots))}", flush=True)
-    return [out.job.name for out in outcomes if not out.ok]
-
-
-def cmd_reproduce(profile: str | None, only: str | None, allow_missing_baselines: bool = False,
-                  jobs: str | None = None) -> int:
-    from ssmspec.config import resolve_profile
-    from ssmspec.registry import experiments
-
-    try:
-        profile = resolve_profile(profile or os.environ.get("PROFILE") or "auto")
-        exps = [e for e in experiments() if profile in e.profiles]
-        if only:
-            wanted = [s.strip() for s in only.split(",") if s.strip()]
-            unknown = sorted(set(wanted) - {e.id for e in experiments()})
-            if unknown:
-                raise ValueError(f"unknown experiment(s) {unknown} in --only")
-            exps = [e for e in exps if e.id in wanted]
-        slots = _reproduce_slots(profile, jobs)
-    except ValueError as e:
-        return _error(str(e))
-    from ssmspec.summary import preflight, reproduce_report
-
-    missing = preflight(profile, allow_missing=allow_missing_baselines)  # before an hour of GPU runs, not after
-    if missing:
-        return _error(missing)
-    print(f"reproduce: profile {profile}, {len(exps)} experiment(s): {', '.join(e.id for e in exps) or '-'}")
-    failed = _run_reference_runs(exps, profile, slots)
-    print("\n=== figures", flush=True)
-    status = cmd_figures()
-    summary, baseline_error = reproduce_report([e.id for e in exps], profile, failed,
-                                               allow_missing=allow_missing_baselines)
-    print("\n" + summary, flush=True)
-    if failed:
-        return _error(f"{len(failed)} experiment(s) failed: {', '.join(failed)} (their older results, if any, are kept)")
-    return _error(baseline_error) if baseline_error else status
-
-
+# list / clean ---------------------------------------------------------------------------------------
 def cmd_list() -> int:
     from ssmspec.registry import experiments, reference_profiles
 
@@ -450,13 +472,22 @@ def cmd_list() -> int:
     return 0
 
 
+def cmd_clean(*, keep_runs: bool) -> int:
+    """Remove the staging folders killed runs left under results/ and runs/, then (unless ``keep_runs``)
+    runs/, outputs/ and multirun/, keeping whatever a live run uses."""
+    runs = [Path(n).absolute() for n in ("runs", "outputs", "multirun")]
+    for line in rundir.clean(paths.RESULTS_DIR, runs, remove_runs=not keep_runs):
+        print(f"clean: {line}")
+    return 0
+
+
 # entry -----------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (141, quietly, when stdout is closed: ssmspec/pipes.py)."""
     saved = sys.stdout
     sys.stdout = guarded = GuardedStdout(saved)
     try:
-        status = _main(argv)
+        status = _with_signals(argv)
         sys.stdout.flush()  # what is still buffered, while a closed pipe can still be caught here
         return status
     except (BrokenPipeError, StdoutClosed):
@@ -466,8 +497,21 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = saved
 
 
-def _main(argv: list[str] | None) -> int:
+def _with_signals(argv: list[str] | None) -> int:
+    """The command, with SIGINT, SIGTERM and SIGHUP turned into one ``interrupted (...)`` line."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    with interrupt.handle_signals():
+        try:
+            return _dispatch(argv)
+        except interrupt.Interrupted as e:
+            # a child of a queue (reproduce, gpu_queue) says it on stdout: its parent's line is the one on stderr
+            queued = os.environ.get("SSMSPEC_QUEUED") == "1"
+            print(f"interrupted ({e.name}): {e.detail or 'stopped; nothing was written'}",
+                  file=sys.stdout if queued else sys.stderr, flush=True)
+            return e.exit_status
+
+
+def _dispatch(argv: list[str]) -> int:
     os.environ.setdefault("MPLBACKEND", "Agg")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if argv and argv[0] == "run":  # everything after `run` belongs to Hydra
@@ -484,8 +528,13 @@ def _main(argv: list[str] | None) -> int:
     p.add_argument("id")
     p.add_argument("--profile", choices=["cpu", "gpu"])
     p.add_argument("--from", dest="run_dir", help="a run directory (default: the reference results)")
-    p.add_argument("--out", help="PNG path (default: results/figures/<id>-<profile>.png, or next to --from)")
-    sub.add_parser("figures", help="draw every figure that has reference results")
+    p.add_argument("--out", help="PNG path (default: <figures>/<id>-<profile>.png, or next to --from)")
+    f = sub.add_parser("figures", help="draw every figure that has reference results")
+    for q in (p, f):
+        q.add_argument("--results", type=Path, metavar="ROOT",
+                       help="a results tree laid out as <id>/<profile>/ (default: results/; a reproduction's: "
+                            "runs/reproduce/<time>/results)")
+        q.add_argument("--figures", type=Path, metavar="DIR", help="where the PNGs go (default: results/figures)")
     r = sub.add_parser("reproduce", help="run every experiment of the profile, then draw every figure")
     r.add_argument("--profile", choices=["cpu", "gpu", "auto"])
     r.add_argument("--only", help="comma-separated experiment ids")
@@ -493,12 +542,23 @@ def _main(argv: list[str] | None) -> int:
                    "one on cpu) or a number; each runs pinned to its GPU(s) (CUDA_VISIBLE_DEVICES)")
     r.add_argument("--allow-missing-baselines", action="store_true",
                    help="on the GPU, run and exit 0 even where mamba_ssm / fla do not import (rows say skipped)")
+    r.add_argument("--save-reference", action="store_true",
+                   help="write into the committed results/<id>/<profile>/ and results/figures/ (default: a fresh "
+                        "runs/reproduce/<time>/, leaving results/ as it is)")
     sub.add_parser("list", help="registered experiments")
+    c = sub.add_parser("clean", help="remove what killed runs left (staging folders), then runs/ (see --keep-runs)")
+    c.add_argument("--keep-runs", action="store_true", help="only remove the staging folders of dead runs")
     args = parser.parse_args(argv)
     if args.cmd == "plot":
-        return cmd_plot(args.id, profile=args.profile, run_dir=args.run_dir, out=args.out)
+        return cmd_plot(args.id, profile=args.profile, run_dir=args.run_dir, out=args.out, results_root=args.results,
+                        figures_dir=args.figures)
     if args.cmd == "figures":
-        return cmd_figures()
+        return cmd_figures(args.results, args.figures)
     if args.cmd == "reproduce":
-        return cmd_reproduce(args.profile, args.only, args.allow_missing_baselines, jobs=args.jobs)
+        from ssmspec.reproduce import reproduce
+
+        return reproduce(args.profile, args.only, allow_missing_baselines=args.allow_missing_baselines,
+                         jobs=args.jobs, save_reference=args.save_reference)
+    if args.cmd == "clean":
+        return cmd_clean(keep_runs=args.keep_runs)
     return cmd_list()

@@ -7,6 +7,7 @@ Results layout (README "Results"):
     results/<id>/<profile>/{config.yaml, env.json, results.jsonl}   committed reference run per profile
     results/figures/<id>-<profile>.png                               its figure, drawn from those rows only
     runs/<id>/<time>/<overrides>/                                     a user's runs (git-ignored)
+    runs/reproduce/<time>/{results/<id>/<profile>/, figures/}         a `reproduce` run, laid out as results/
 """
 from __future__ import annotations
 
@@ -161,17 +162,20 @@ def experiments() -> list[Experiment]:
 
 
 # results layout -----------------------------------------------------------------------------------
-def reference_dir(exp_id: str, profile: str) -> Path:
-    return paths.RESULTS_DIR / exp_id / profile
+def reference_dir(exp_id: str, profile: str, *, root: Path | None = None) -> Path:
+    """Where the reference run of ``exp_id`` on ``profile`` is: ``<root>/<id>/<profile>/`` (root: results/,
+    or another tree laid out the same way, such as a ``reproduce`` run's runs/reproduce/<time>/results/)."""
+    return Path(root or paths.RESULTS_DIR) / exp_id / profile
 
 
-def figure_path(exp_id: str, profile: str) -> Path:
-    return paths.RESULTS_DIR / "figures" / f"{exp_id}-{profile}.png"
+def figure_path(exp_id: str, profile: str, *, figures: Path | None = None) -> Path:
+    """``<figures>/<id>-<profile>.png`` (figures: results/figures/)."""
+    return Path(figures or paths.RESULTS_DIR / "figures") / f"{exp_id}-{profile}.png"
 
 
-def reference_profiles(exp_id: str) -> list[str]:
-    """Profiles with committed reference results of ``exp_id``."""
-    return [p for p in ("cpu", "gpu") if (reference_dir(exp_id, p) / "results.jsonl").is_file()]
+def reference_profiles(exp_id: str, *, root: Path | None = None) -> list[str]:
+    """Profiles with reference results of ``exp_id`` under ``root`` (default: the committed results/)."""
+    return [p for p in ("cpu", "gpu") if (reference_dir(exp_id, p, root=root) / "results.jsonl").is_file()]
 
 
 def read_rows(run_dir: Path) -> list[dict]:

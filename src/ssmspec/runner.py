@@ -10,11 +10,14 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
    ``bench`` (command-line ``bench.*`` overrides still win; ``model=<preset>`` replaces ``bench.presets``);
    every number of the model, sampling, data and bench settings is in range (``config.check_values``).
    Any problem raises ``UserError`` before a file is written.
-2. write config.yaml (fully resolved) and env.json into a temporary directory inside ``out_dir``,
-   then stream the bench function's rows into results.jsonl, one JSON line per measurement, adding
-   the columns experiment, run_id, profile, device, device_name and weights; env.json then records the
-   row count and the sha256 of results.jsonl (and, from the start, the source hash of ``provenance``);
-3. move the files into ``out_dir`` on success; remove the temporary directory on any failure.
+2. lock ``out_dir`` for the whole run (a second run into it is refused, naming this one), remove the
+   staging folders that killed runs left there, write config.yaml (fully resolved) and env.json into a
+   staging folder inside ``out_dir`` that records its owner (ssmspec/rundir.py), then stream the bench
+   function's rows into results.jsonl, one JSON line per measurement, adding the columns experiment,
+   run_id, profile, device, device_name and weights; env.json then records the row count and the sha256 of
+   results.jsonl (and, from the start, the source hash of ``provenance``);
+3. move the files into ``out_dir`` on success, all of them or (on a signal meanwhile) after all of them;
+   remove the staging folder on any failure, a signal included (ssmspec/interrupt.py).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ssmspec import config as C
+from ssmspec import interrupt, rundir
 from ssmspec.bench.env import collect_env
 from ssmspec.registry import Experiment, get_experiment
 
@@ -219,31 +223,40 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
 # 2.-3. the run directory -------------------------------------------------------------------------------
 @contextmanager
 def staged_dir(final: Path) -> Iterator[Path]:
-    """Yield a temporary directory whose files land in ``final`` only if the block succeeds.
+    """Yield a staging directory whose files land in ``final`` only if the block succeeds.
 
-    The temporary directory is a hidden folder inside ``final`` (created when missing), so ``final``
-    itself is never renamed (it may be a mount point such as a device's $OUT). On success its files
-    replace the result files of an older run there (other files are left alone); on failure it is
-    removed, and so is ``final`` if this call created it.
+    ``final`` is locked for the whole block (``rundir.lock``: another process gets ``rundir.Busy``), and
+    staging folders in it whose owner is dead are removed first. The staging directory is a hidden folder
+    inside ``final`` (created when missing) with an owner record, so ``final`` itself is never renamed (it
+    may be a mount point such as a device's $OUT). On success its files replace the result files of an
+    older run there (other files are left alone), with signals held until all of them are in place; on
+    failure it is removed, and so is ``final`` if this call created it.
     """
     final = Path(final).absolute()
     created = not final.exists()
-    final.mkdir(parents=True, exist_ok=True)
-    tmp = final / f".partial-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created and not any(final.iterdir()):
-            final.rmdir()
-        raise
-    for name in RESULT_FILES:
-        if (final / name).exists() and not (tmp / name).exists():
-            (final / name).unlink()  # stale file of the older run
-    for item in tmp.iterdir():
-        os.replace(item, final / item.name)
-    tmp.rmdir()
+    with rundir.lock(final):
+        rundir.sweep(final)
+        with interrupt.deferred():  # a staging folder always has its owner record
+            tmp = rundir.new_partial(final)
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if created and not any(final.iterdir()):
+                final.rmdir()
+            raise
+        try:
+            with interrupt.deferred():  # the run's files move together: a signal waits for the last one
+                (tmp / rundir.OWNER_FILE).unlink()
+                for name in RESULT_FILES:
+                    if (final / name).exists() and not (tmp / name).exists():
+                        (final / name).unlink()  # stale file of the older run
+                for item in tmp.iterdir():
+                    os.replace(item, final / item.name)
+                tmp.rmdir()
+        except interrupt.Interrupted as e:
+            e.written.append(final)  # the run is complete on disk; the signal came after
+            raise
 
 
 def _json_default(obj):
@@ -304,6 +317,8 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
             (tmp / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     except UserError:
         raise
+    except rundir.Busy as e:
+        raise UserError(rundir.busy_message(out_dir, str(e))) from None
     except ValueError as e:  # the bench refused a setting (e.g. a prompt longer than the cache)
         raise UserError(str(e)) from e
     log.info("wrote %d rows to %s", n, out_dir)

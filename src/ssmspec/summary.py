@@ -2,10 +2,12 @@
 
     python -m ssmspec.summary RUN_DIR [RUN_DIR ...] [--allow-missing-baselines]   the same for any run dirs
 
-For each experiment: whether it ran, its row count, the count per status (``ok``, ``skipped``, ``oom``,
-``n/a`` as the benches write them), and every row that is not ``ok`` grouped by status and reason, each group
-named by the fields that tell its rows apart (``impl=mamba_ssm; model=...; batch=...``; constant fields, and
-fields the named ones determine such as H, P, N of a model preset, are left out).
+For each experiment of a reproduction (its runs in the fresh runs/reproduce/<time>/results/ of a default
+``reproduce``, or in the committed results/ with ``--save-reference``): whether it ran, its row count, the
+count per status (``ok``, ``skipped``, ``oom``, ``n/a`` as the benches write them), and every row that is
+not ``ok`` grouped by status and reason, each group named by the fields that tell its rows apart
+(``impl=mamba_ssm; model=...; batch=...``; constant fields, and fields the named ones determine such as
+H, P, N of a model preset, are left out); then where the results and figures are.
 
 A row skipped because a baseline does not import says so in its reason, in ``ssmspec.baselines``' words:
 ``"<name> not importable: <error>"`` (``bench.kernels.mamba_ssm_ops`` writes it). On the GPU profile that is
@@ -22,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssmspec import paths
 from ssmspec.baselines import BASELINES
 
 log = logging.getLogger("ssmspec.summary")
@@ -171,17 +174,25 @@ def render(summaries: list[ExperimentSummary], title: str = "summary") -> str:
     return "\n".join(lines)
 
 
-def reproduce_report(exp_ids: list[str], profile: str, failed: list[str], *,
-                     allow_missing: bool = False) -> tuple[str, str | None]:
-    """(summary text, error message or None) of a reproduction: each experiment's reference results that
-    this run wrote (a failed one is listed as such, its older results not read)."""
+def reproduce_report(exp_ids: list[str], profile: str, failed: list[str], *, allow_missing: bool = False,
+                     results_root: Path | None = None, figures_dir: Path | None = None,
+                     save_reference: bool = True) -> tuple[str, str | None]:
+    """(summary text, error message or None) of a reproduction: the runs of each experiment that it wrote
+    under ``results_root`` (default: the committed results/; a failed one is listed as such, older results
+    not read), and where they and the figures are."""
     from ssmspec.registry import reference_dir
 
     from ssmspec.baselines import available_version
 
-    summaries = [ExperimentSummary(e, "failed") if e in failed else summarize_dir(e, reference_dir(e, profile))
-                 for e in exp_ids]
+    summaries = [ExperimentSummary(e, "failed") if e in failed
+                 else summarize_dir(e, reference_dir(e, profile, root=results_root)) for e in exp_ids]
     text = render(summaries, f"summary (profile {profile})")
+    root = paths.shown(reference_dir("<id>", profile, root=results_root))
+    figures = paths.shown(Path(figures_dir or Path(results_root or paths.RESULTS_DIR) / "figures"))
+    text += f"\nresults: {root}/, figures: {figures}/"
+    if not save_reference:
+        text += (" (the committed references in results/ are unchanged; --save-reference, "
+                 "make reproduce SAVE_REFERENCE=1, replaces them)")
     if profile == "gpu":  # what the kernel rows were compared against
         text += "\nbaselines: " + ", ".join(f"{b.name} {available_version(b) or 'not installed'}" for b in BASELINES)
     return text, baseline_error(summaries, profile, allow_missing=allow_missing)

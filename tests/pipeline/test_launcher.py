@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -260,7 +261,7 @@ def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
 
 
 def test_reproduce_slots(monkeypatch, fake_gpus):
-    from ssmspec.cli import _reproduce_slots
+    from ssmspec.reproduce import slots as _reproduce_slots
 
     fake_gpus("g0", "g1", "g2", "g3")
     monkeypatch.setenv("SSMSPEC_DEVICES", "g0,g1,g2")
@@ -285,8 +286,12 @@ def test_reproduce_runs_experiments_at_once_with_logs(cli, tmp_path, monkeypatch
     monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
     status, out, err = cli("reproduce", "--profile", "cpu", "--only", "exp_a,exp_b", "--jobs", "2")
     assert status == 0, err
-    for name in ("exp_a", "exp_b"):
-        assert (tmp_path / "results" / name / "cpu" / "results.jsonl").read_text().strip()
-        (log,) = (tmp_path / "runs" / "reproduce").glob(f"*/{name}.log")
-        assert f"experiment {name}" in log.read_text()
-    assert "=== exp_a: ok" in out and "on 2 slot(s)" in out and "sum of job times" in out
+    (run,) = (tmp_path / "runs" / "reproduce").iterdir()
+    for k, name in enumerate(("exp_a", "exp_b"), 1):
+        assert (run / "results" / name / "cpu" / "results.jsonl").read_text().strip()
+        assert (run / "figures" / f"{name}-cpu.png").is_file()
+        assert f"experiment {name}" in (run / f"{name}.log").read_text()
+        assert re.search(rf"^\[{k}/2\] {name}: .* \(on this machine, log runs/reproduce/.*\)$", out, re.M)
+        assert re.search(rf"^\[{k}/2\] {name}: ok in \d+\.\d s on this machine$", out, re.M)
+    assert not (tmp_path / "results").exists()  # the committed references are left alone
+    assert "on 2 slot(s)" in out and "sum of job times" in out

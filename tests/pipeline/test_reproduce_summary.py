@@ -2,7 +2,7 @@
 
 Rows are written the way the benches write them (status ok / skipped / oom / n/a, a reason where there is
 one, ``"mamba_ssm not importable: ..."`` from bench.kernels.mamba_ssm_ops). No experiment really runs: the
-reproduce tests replace the reference runs with a function that writes those rows.
+reproduce tests replace the experiments' runs with a function that writes those rows.
 """
 from __future__ import annotations
 
@@ -138,25 +138,26 @@ def test_preflight_stops_a_gpu_run_before_anything_runs(monkeypatch, allow):
 # reproduce end to end (experiments replaced) ---------------------------------------------------------
 @pytest.fixture
 def fake_reproduce(monkeypatch, tmp_path):
-    """A GPU machine with two experiments, whose runs write the given rows (or fail) into tmp results."""
-    from ssmspec import baselines, cli, config, paths, registry
+    """A GPU machine with two experiments, whose runs write the given rows (or fail) where the reproduction
+    puts them (runs/reproduce/<time>/results, or tmp results with --save-reference)."""
+    from ssmspec import baselines, cli, config, paths, registry, reproduce
 
-    results = tmp_path / "results"
-    monkeypatch.setattr(paths, "RESULTS_DIR", results)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
     monkeypatch.setattr(config, "cuda_available", lambda: True)
-    monkeypatch.setattr(cli, "cmd_figures", lambda: 0)
+    monkeypatch.setattr(reproduce, "cmd_figures", lambda *a, **k: 0)
     exps = [Experiment(id=i, title=i, bench="m:f", plot="m:g", profiles=("cpu", "gpu"))
             for i in ("kernel_parity", "throughput_ar")]
     monkeypatch.setattr(registry, "experiments", lambda: exps)
     outcome: dict[str, list[dict] | None] = {}
 
-    def run(exps, profile, slots):  # the reference runs: write each experiment's rows, None = it failed
+    def run(exps, plan, slots):  # the experiments' runs: write each one's rows, None = it failed
         for e in exps:
             if outcome[e.id] is not None:
-                write_run(results / e.id / profile, outcome[e.id])
+                write_run(plan.run_dir(e.id), outcome[e.id])
         return [e.id for e in exps if outcome[e.id] is None]
 
-    monkeypatch.setattr(cli, "_run_reference_runs", run)
+    monkeypatch.setattr(reproduce, "run_experiments", run)
 
     def reproduce(kernel, throughput, *argv, importable=True):
         outcome.update(kernel_parity=kernel, throughput_ar=throughput)
@@ -166,13 +167,27 @@ def fake_reproduce(monkeypatch, tmp_path):
     return reproduce
 
 
-def test_reproduce_ends_with_the_summary_and_succeeds_with_every_baseline(fake_reproduce, capsys):
+def test_reproduce_ends_with_the_summary_and_succeeds_with_every_baseline(fake_reproduce, capsys, tmp_path):
     assert fake_reproduce(kernel_rows("gpu", baseline=True), throughput_rows("gpu")) == 0
     out = capsys.readouterr().out
     summary_text = out[out.index("=== summary (profile gpu)"):]
     assert "kernel_parity" in summary_text and "throughput_ar" in summary_text
     assert "skipped 1: phase=prefill; batch=64 -- (no reason recorded)" in summary_text
     assert summary_text.rstrip().splitlines()[-1].startswith("baselines: mamba_ssm ")
+    # by default into a fresh runs/reproduce/<time>/, the committed results/ untouched; the summary says where
+    (run,) = (tmp_path / "runs" / "reproduce").iterdir()
+    assert (run / "results" / "kernel_parity" / "gpu" / "results.jsonl").is_file()
+    assert not (tmp_path / "results").exists()
+    where = f"results: runs/reproduce/{run.name}/results/<id>/gpu/, figures: runs/reproduce/{run.name}/figures/"
+    assert where in summary_text and "results/ are unchanged" in summary_text
+
+
+def test_reproduce_save_reference_writes_the_committed_results(fake_reproduce, capsys, tmp_path):
+    assert fake_reproduce(kernel_rows("gpu", baseline=True), throughput_rows("gpu"), "--save-reference") == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "results" / "throughput_ar" / "gpu" / "results.jsonl").is_file()
+    assert "results: results/<id>/gpu/, figures: results/figures/" in out and "unchanged" not in out
+    assert not (tmp_path / "runs").exists()  # one slot, no logs: nothing under runs/
 
 
 def test_reproduce_exits_non_zero_when_gpu_rows_lack_a_baseline(fake_reproduce, capsys):
@@ -189,7 +204,7 @@ def test_reproduce_refuses_to_start_without_a_baseline(fake_reproduce, capsys, t
     assert fake_reproduce(kernel_rows("gpu", baseline=True), throughput_rows("gpu"), importable=False) == 2
     out, err = capsys.readouterr()
     assert "nothing was run" in err and "=== summary" not in out
-    assert not (tmp_path / "results").exists()
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
     status = fake_reproduce(kernel_rows("gpu", baseline=False), throughput_rows("gpu"), "--allow-missing-baselines",
                             importable=False)
     assert status == 0 and "=== summary" in capsys.readouterr().out
@@ -199,4 +214,11 @@ def test_reproduce_summary_marks_a_failed_experiment(fake_reproduce, capsys):
     assert fake_reproduce(None, throughput_rows("gpu")) == 2
     out, err = capsys.readouterr()
     line = next(x for x in out.splitlines() if x.startswith("kernel_parity"))
-    assert "FAILED" in line and "1 experiment(s) failed: kernel_parity" in err
+    assert "FAILED" in line and "1 experiment(s) failed: kernel_parity (nothing of them was written)" in err
+
+
+def test_reproduce_that_wrote_nothing_leaves_no_empty_folder(fake_reproduce, capsys, tmp_path):
+    (tmp_path / "runs" / "reproduce").mkdir(parents=True)  # an older reproduction's folder was here
+    assert fake_reproduce(None, None) == 2
+    assert "2 experiment(s) failed" in capsys.readouterr().err
+    assert list((tmp_path / "runs" / "reproduce").iterdir()) == []  # its runs/reproduce/<time>/ went again

@@ -6,6 +6,12 @@ torch and CUDA only ever sees its own GPUs. An empty slot ``()`` is a CPU slot: 
 ``CUDA_VISIBLE_DEVICES`` is whatever the job's ``env`` (else the parent) says. A failing job frees its slot and the queue goes on; the caller reads the
 outcomes at the end. Used by the ``gpu_queue`` Hydra launcher and by ``ssmspec reproduce --jobs``.
 
+Stopping: a signal (``ssmspec.interrupt.Interrupted``) or any other exception in the parent sends SIGTERM
+to the running children (each removes its staging folder and exits 143), waits for them (SIGKILL after
+STOP_WAIT_S) and re-raises; the caller knows from ``on_start`` / ``on_end`` which jobs had finished. Each
+child is told by ``SSMSPEC_QUEUED=1`` that the parent reports an interruption (it writes its own line to
+stdout, not stderr).
+
 Kept free of torch and Hydra imports: Hydra imports every module of ``hydra_plugins`` when it scans for
 plugins, on every command.
 """
@@ -18,8 +24,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ssmspec import interrupt
+
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # how often finished children are looked for; jobs last seconds to hours
+STOP_WAIT_S = 30.0  # how long a stopped child may take to clean up before it is killed
+QUEUED_ENV = "SSMSPEC_QUEUED"  # set in each child: its parent reports interruptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +98,7 @@ def make_slots(devices: Sequence[str], *, gpus_per_job: int = 1, cpu_jobs: int =
 
 
 def _start(job: Job, devices: tuple[str, ...]) -> subprocess.Popen:
-    env = {**os.environ, **job.env}
+    env = {**os.environ, **job.env, QUEUED_ENV: "1"}
     if devices:  # a CPU slot leaves the variable as the job's env has it (the launcher sets "": no GPU)
         env["CUDA_VISIBLE_DEVICES"] = visible_devices(devices)
     if job.log is None:
@@ -103,7 +113,8 @@ def run_queue(jobs: Sequence[Job], slots: Sequence[tuple[str, ...]], *,
               on_start: Callable[[Job, tuple[str, ...]], None] | None = None,
               on_end: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Run ``jobs`` in order over ``slots``, at most one job per slot at a time; returns one outcome per
-    job, in the order of ``jobs``. Ctrl-C terminates the running children and re-raises."""
+    job, in the order of ``jobs``. An exception (a signal: ``Interrupted``) stops the running children, waits
+    for them and re-raises."""
     if not slots:
         raise ValueError("no slot to run jobs on")
     pending = list(enumerate(jobs))
@@ -117,26 +128,30 @@ def run_queue(jobs: Sequence[Job], slots: Sequence[tuple[str, ...]], *,
                 devices = free.pop(0)
                 if on_start:
                     on_start(job, devices)
-                running[i] = (_start(job, devices), devices, time.time(), time.perf_counter())
+                with interrupt.deferred():  # a child started is a child recorded, so a signal can stop it
+                    running[i] = (_start(job, devices), devices, time.time(), time.perf_counter())
             for i, (proc, devices, started, t0) in list(running.items()):
                 if proc.poll() is None:
                     continue
-                del running[i]
-                free.append(devices)
-                out = Outcome(jobs[i], devices, proc.returncode, started, time.perf_counter() - t0)
-                outcomes[i] = out
-                if on_end:
-                    on_end(out)
+                with interrupt.deferred():  # a finished child is reported as finished, never as stopped
+                    del running[i]
+                    free.append(devices)
+                    out = Outcome(jobs[i], devices, proc.returncode, started, time.perf_counter() - t0)
+                    outcomes[i] = out
+                    if on_end:
+                        on_end(out)
             if running:
                 time.sleep(POLL_S)
     except BaseException:
         for proc, *_ in running.values():
             proc.terminate()
+        deadline = time.monotonic() + STOP_WAIT_S
         for proc, *_ in running.values():
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.kill()  # its staging folder stays until the caller sweeps it (ssmspec.rundir)
+                proc.wait()
         raise
     return [outcomes[i] for i in range(len(jobs))]
 

@@ -10,7 +10,10 @@ GPU, ``cpu_jobs``). Every job writes its output to ``<sweep dir>/logs/<job subdi
 ``<sweep dir>/jobs.jsonl`` (overrides, directory, devices, exit status, start time, wall time). A failed
 job leaves no run directory (the runner stages its files and removes them on failure) and the queue
 goes on; at the end the launcher logs a table of the jobs and the sweep's wall time against the sum of
-its jobs' times, and exits non-zero naming the failed jobs (``SweepExit``).
+its jobs' times, and exits non-zero naming the failed jobs (``SweepExit``). A signal stops the running
+jobs (ssmspec/interrupt.py): the finished ones keep their directories, logs and jobs.jsonl rows; the
+stopped ones leave nothing (their staging folders and logs are removed), and ``ssmspec run`` ends with
+one line naming both.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import datetime
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +35,7 @@ from omegaconf import DictConfig, open_dict
 from hydra_plugins.ssmspec_launcher import config as _config  # noqa: F401  (registers hydra/launcher=gpu_queue)
 from hydra_plugins.ssmspec_launcher.gpu_queue import (Job, Outcome, detect_devices, make_slots, run_queue, summary,
                                                       visible_devices)
+from ssmspec import interrupt
 
 log = logging.getLogger(__name__)
 DEVICES_ENV = "SSMSPEC_DEVICES"  # comma-separated GPU ids (of this machine) instead of all of them
@@ -81,13 +84,13 @@ def _log_name(subdir: str) -> str:
 
 
 def _drop_partial(job_dir: Path) -> None:
-    """A child killed hard (out of memory, SIGKILL) cannot clean up: remove its staging folder, and the
-    job directory when nothing else is in it."""
+    """A child killed hard (out of memory, SIGKILL) cannot clean up: remove its staging folder (its owner is
+    dead), and the job directory when nothing else is in it."""
+    from ssmspec import rundir
+
     if not job_dir.is_dir():
         return
-    for p in job_dir.iterdir():
-        if p.name.startswith(".partial-"):
-            shutil.rmtree(p, ignore_errors=True)
+    rundir.sweep(job_dir)
     if not any(job_dir.iterdir()):
         job_dir.rmdir()
 
@@ -159,7 +162,17 @@ class GpuQueueLauncher(Launcher):
                 f.write(json.dumps(row) + "\n")
 
         t0 = time.perf_counter()
-        outcomes = run_queue([job for job, _, _ in planned], self.slots, on_start=on_start, on_end=on_end)
+        started: list[str] = []
+        ended: list[Outcome] = []
+        try:
+            with interrupt.allowed():  # `ssmspec run` held signals while Hydra made the sweep directory
+                outcomes = run_queue([job for job, _, _ in planned], self.slots,
+                                     on_start=lambda job, dev: (started.append(job.name), on_start(job, dev)),
+                                     on_end=lambda out: (ended.append(out), on_end(out)))
+        except interrupt.Interrupted as e:
+            e.detail = self._stopped(planned, started, ended, sweep_dir)
+            e.emptied.append(sweep_dir)
+            raise
         wall = time.perf_counter() - t0
         for out in outcomes:
             log.info("  %-6s %6.1f s  %-10s %s", "ok" if out.ok else "FAILED", out.wall_s,
@@ -172,12 +185,46 @@ class GpuQueueLauncher(Launcher):
                                f"results are in {sweep_dir}; see {sweep_dir / self.logs_subdir} and jobs.jsonl")
         return [self._return(cfg, job_dir) for _, cfg, job_dir in planned]
 
+    def _stopped(self, planned, started: list[str], ended: list[Outcome], sweep_dir: Path) -> str:
+        """Remove what the stopped jobs began (staging folders, logs); say what was kept and what not."""
+        done = {o.job.name for o in ended if o.ok}
+        failed = [o.job.name.split()[0] for o in ended if not o.ok]
+        over = {o.job.name for o in ended}
+        stopped = []
+        for job, _, job_dir in planned:
+            if job.name not in started or job.name in over:
+                continue
+            if (job_dir / "results.jsonl").is_file():  # its files moved into place just before the signal
+                done.add(job.name)
+                continue
+            stopped.append(job)
+            _drop_partial(job_dir)
+            if job.log is not None:
+                job.log.unlink(missing_ok=True)
+        logs = sweep_dir / self.logs_subdir
+        if logs.is_dir() and not any(logs.iterdir()):
+            logs.rmdir()
+        parts = [f"job(s) {', '.join(n.split()[0] for n in sorted(done, key=_num))} finished and are kept in "
+                 f"{sweep_dir}" if done else "no job had finished"]
+        if failed:
+            parts.append(f"failed before it: {', '.join(failed)}")
+        if stopped:
+            parts.append(f"stopped (nothing written): {', '.join(j.name.split()[0] for j in stopped)}")
+        waiting = [job.name.split()[0] for job, _, _ in planned if job.name not in started]
+        if waiting:
+            parts.append(f"not started: {', '.join(waiting)}")
+        return "; ".join(parts)
+
     @staticmethod
     def _return(cfg: DictConfig, job_dir: Path) -> JobReturn:
         ret = JobReturn(overrides=list(cfg.hydra.overrides.task), cfg=cfg, hydra_cfg=None,
                         working_dir=str(job_dir), task_name=str(cfg.hydra.job.name), status=JobStatus.COMPLETED)
         ret.return_value = None
         return ret
+
+
+def _num(name: str) -> int:
+    return int(name.split()[0].lstrip("#"))
 
 
 def _conf_dir() -> str:
