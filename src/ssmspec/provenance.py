@@ -20,19 +20,34 @@ the hint was checked (``source_check``):
 ``check_record(env)`` is that later check; ``tests/pipeline/test_provenance.py`` runs it over every committed
 reference result, so a record edited by hand (or a wrong hint) fails CI. A wrong record is fixed by rerunning.
 
+Whether a reference result still describes this checkout (the README quotes no number measured on code that
+has changed since in the files that decide it): ``stale(exp_id, profile)`` lists the files of the experiment's
+``decided_by`` (registry.py; conf/experiment/<id>.yaml) that differ between the result's commit
+(``source_commit``, else ``git_sha``) and the working tree -- ``git diff --name-only <commit>`` plus untracked
+files, matched against the entries. A file counts as changed when what of it can move a number changed: a .py
+file's syntax tree without docstrings, a .yaml file's data without experiment.title / plot / decided_by
+(comments, formatting and declarations move nothing). ``stale_report()`` does that for every reference result
+(the data of the table below; the README check reads it).
+
     python -m ssmspec.provenance hash              # the hash of this checkout's source tree
     python -m ssmspec.provenance check [ENV.json ...]   # every results/*/*/env.json by default
+    python -m ssmspec.provenance stale [--profile gpu] [--check] [ID ...]   # which reference results are stale
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from ssmspec import paths, registry
 from ssmspec.paths import RESULTS_DIR, ROOT
 
 # what decides a result: the package, its configs and the project file that pins the dependencies
@@ -147,16 +162,179 @@ def check_record(env: dict, root: Path = ROOT) -> str | None:
     return None
 
 
+# stale reference results ----------------------------------------------------------------------------
+CURRENT, STALE, UNKNOWN = "current", "stale", "unknown commit"
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """One reference result against this checkout."""
+    id: str  # experiment id
+    profile: str  # cpu | gpu
+    commit: str | None  # the commit the result names (source_commit, else git_sha); None: it names none
+    device_name: str  # from env.json
+    status: str  # CURRENT | STALE | UNKNOWN (the commit is not in this clone: a shallow clone, a wrong sha)
+    files: tuple[str, ...] = ()  # STALE: the deciding files that differ from the commit
+
+    @property
+    def label(self) -> str:
+        """The status column: current | stale: N files: a, b, ... | unknown commit."""
+        if self.status != STALE:
+            return self.status
+        shown = ", ".join(self.files[:6]) + (", ..." if len(self.files) > 6 else "")
+        return f"stale: {len(self.files)} file{'s' if len(self.files) != 1 else ''}: {shown}"
+
+
+def changed_files(commit: str, root: Path = ROOT) -> list[str] | None:
+    """Files that differ between ``commit`` and the working tree under ``root`` (tracked files changed,
+    added or deleted since, and untracked files git does not ignore), relative to ``root``; None when this
+    clone lacks the commit."""
+    sha = resolve_commit(commit, root)
+    if sha is None:
+        return None
+    diff = _git(["diff", "--name-only", "--no-renames", "--relative", "-z", sha, "--"], root)
+    untracked = _git(["ls-files", "--others", "--exclude-standard", "-z"], root)
+    if diff is None or untracked is None:
+        return None
+    return sorted({n for n in (diff + untracked).split("\0") if n and _kept(n)})
+
+
+# experiment keys that describe or declare and never move a number (the yaml comparison leaves them out)
+_DESCRIPTIVE_KEYS = ("title", "plot", "decided_by")
+
+
+def _normal_form(path: str, text: str | None):
+    """What of a file can move a number: a .py file's syntax tree without docstrings, a .yaml file's data
+    without the descriptive experiment keys, else the text. Comments and formatting drop out."""
+    if text is None:
+        return None
+    try:
+        if path.endswith(".py"):
+            tree = ast.parse(text)
+            for node in ast.walk(tree):
+                body = getattr(node, "body", None)
+                if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                        and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                    node.body = body[1:]
+            return ast.dump(tree)
+        if path.endswith((".yaml", ".yml")):
+            data = yaml.safe_load(text)
+            if isinstance(data, dict) and isinstance(data.get("experiment"), dict):
+                data["experiment"] = {k: v for k, v in data["experiment"].items() if k not in _DESCRIPTIVE_KEYS}
+            return json.dumps(data, sort_keys=True, default=str)
+    except (SyntaxError, ValueError, yaml.YAMLError):
+        pass
+    return text
+
+
+def moved(commit: str, path: str, root: Path = ROOT) -> bool:
+    """Whether ``path`` (relative to ``root``) differs between ``commit`` and the working tree in more than
+    comments, formatting, docstrings or the descriptive experiment keys (``_normal_form``)."""
+    try:  # bytes: a binary file must not break the decoding
+        shown = subprocess.run(["git", "show", f"{commit}:./{path}"], cwd=root, capture_output=True, timeout=30)
+        old = shown.stdout.decode(errors="replace") if shown.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        old = None
+    new_file = Path(root) / path
+    new = new_file.read_text(errors="replace") if new_file.is_file() else None
+    return _normal_form(path, old) != _normal_form(path, new)
+
+
+def _result_commit(env: dict) -> str | None:
+    sha = env.get("source_commit") or env.get("git_sha")
+    return None if not sha or sha == "unknown" else str(sha)
+
+
+def _staleness(exp: registry.Experiment, profile: str, env: dict, root: Path, cache: dict) -> Staleness:
+    """``cache`` holds what git answered, per commit and per (commit, file), across the results of one report."""
+    commit = _result_commit(env)
+    device = str(env.get("device_name") or "?")
+    if commit is not None and commit not in cache:
+        cache[commit] = changed_files(commit, root)
+    changed = cache.get(commit) if commit is not None else None
+    if changed is None:
+        return Staleness(exp.id, profile, commit, device, UNKNOWN)
+    for f in changed:
+        if (commit, f) not in cache and registry.decides(exp.decided_by, f):
+            cache[commit, f] = moved(commit, f, root)
+    files = tuple(f for f in changed if cache.get((commit, f)) and registry.decides(exp.decided_by, f))
+    return Staleness(exp.id, profile, commit, device, STALE if files else CURRENT, files)
+
+
+def _layout(root: Path | None) -> tuple[Path, Path, Path]:
+    """(repository root, conf/experiment, results) of the checkout at ``root`` (None: this one, as configured)."""
+    if root is None:
+        return paths.ROOT, paths.CONF_DIR / "experiment", paths.RESULTS_DIR
+    root = Path(root)
+    return root, root / "conf" / "experiment", root / "results"
+
+
+def stale(exp_id: str, profile: str, *, root: Path | None = None) -> Staleness:
+    """Whether the reference result results/<exp_id>/<profile>/ still describes the checkout at ``root``
+    (default: this one): the files of the experiment's decided_by that changed since the result's commit."""
+    return _report([exp_id], [profile], root, missing_ok=False)[0]
+
+
+def stale_report(ids: list[str] | None = None, profiles: list[str] | None = None, *,
+                 root: Path | None = None) -> list[Staleness]:
+    """``stale`` of every reference result (of ``ids`` and ``profiles``; None: all), sorted by id and profile."""
+    return _report(ids, profiles, root, missing_ok=True)
+
+
+def _report(ids, profiles, root, *, missing_ok: bool) -> list[Staleness]:
+    root, exp_dir, results = _layout(root)
+    profiles = list(profiles or ("cpu", "gpu"))
+    ids = list(ids) if ids else sorted(p.stem for p in exp_dir.glob("*.yaml"))
+    out, cache = [], {}
+    for exp_id in ids:
+        path = exp_dir / f"{exp_id}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown experiment {exp_id!r} (no {path}); `python -m ssmspec list` shows the ids")
+        exp = registry.read_experiment(path, root=root)
+        for profile in profiles:
+            env_path = results / exp_id / profile / "env.json"
+            if not env_path.is_file():
+                if missing_ok:
+                    continue
+                raise ValueError(f"no reference result of {exp_id!r} for profile {profile!r} ({env_path} is missing)")
+            out.append(_staleness(exp, profile, json.loads(env_path.read_text()), root, cache))
+    return out
+
+
+def format_report(rows: list[Staleness]) -> str:
+    """The table of ``python -m ssmspec.provenance stale``."""
+    table = [("id", "profile", "commit", "device_name", "status")]
+    table += [(r.id, r.profile, (r.commit or "none")[:10], r.device_name, r.label) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in table)
+
+
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmspec.provenance", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("hash", help="the source hash of this checkout")
     c = sub.add_parser("check", help="check env.json records against this clone's commits")
     c.add_argument("env", nargs="*", help="env.json files (default: every results/*/*/env.json)")
+    st = sub.add_parser("stale", help="which reference results were measured on code that has changed since in "
+                                      "the files that decide them (experiment.decided_by)")
+    st.add_argument("ids", nargs="*", metavar="ID", help="experiment ids (default: all)")
+    st.add_argument("--profile", choices=("cpu", "gpu"), help="one profile (default: both)")
+    st.add_argument("--check", action="store_true",
+                    help="exit 1 when any result is stale (an unknown commit, as in a shallow clone, does not fail)")
     args = ap.parse_args(argv)
     if args.cmd == "hash":
         print(tree_hash())
         return 0
+    if args.cmd == "stale":
+        try:
+            rows = stale_report(args.ids or None, [args.profile] if args.profile else None)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(format_report(rows))
+        n_stale = sum(r.status == STALE for r in rows)
+        print(f"\n{n_stale} of {len(rows)} reference results stale")
+        return 1 if args.check and n_stale else 0
     files = [Path(p) for p in args.env] or sorted(RESULTS_DIR.glob("*/*/env.json"))
     bad = 0
     for f in files:

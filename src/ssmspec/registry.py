@@ -8,11 +8,22 @@ Results layout (README "Results"):
     results/figures/<id>-<profile>.png                               its figure, drawn from those rows only
     runs/<id>/<time>/<overrides>/                                     a user's runs (git-ignored)
     runs/reproduce/<time>/{results/<id>/<profile>/, figures/}         a `reproduce` run, laid out as results/
+
+What decides a result (``experiment.decided_by``, experiments/README.md): the files whose change can move the
+experiment's numbers, as paths or globs relative to the repository root. An entry matches a file when it names
+the file or a folder above it (``src/ssmspec/ops/replay/`` covers naive.py and triton.py); ``*`` and ``?``
+stay inside one path component, ``**`` crosses folders; an entry starting with ``!`` removes what it matches.
+Every entry must match a file of the checkout. A file without the key gets ``DEFAULT_DECIDED_BY``: every file
+under src/ssmspec except plots/, cli.py and summary.py, plus conf/ (conservative: any change there marks its
+results stale). ``python -m ssmspec.provenance stale`` compares them with each reference result's commit.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import json
+import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +35,8 @@ from ssmspec import paths
 REQUIRED = ("id", "title", "bench", "plot", "profiles")
 # what an experiment may list under `reads:` (the settings its bench function reads besides `bench`)
 READABLE = ("model", "strategy", "drafter", "verify", "data", "sampling", "seed", "checkpoint")
+# decided_by of a file that declares none: everything that runs or configures a run; what only reports is out
+DEFAULT_DECIDED_BY = ("src/ssmspec/", "conf/", "!src/ssmspec/plots/", "!src/ssmspec/cli.py", "!src/ssmspec/summary.py")
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,8 @@ class Experiment:
     # settings outside `bench` the bench function reads (READABLE roots or dotted keys such as data.seed);
     # an override of anything else is refused. None (no `reads:` in the file): every override passes.
     reads: tuple[str, ...] | None = None
+    # files whose change can move the numbers (module doc): paths or globs relative to the repository root
+    decided_by: tuple[str, ...] = DEFAULT_DECIDED_BY
     # the keys `bench.*` may hold: the shared conf/bench/default.yaml, the experiment's `bench:` block, its
     # profile_overrides and `bench_keys:` (optional keys the file leaves unset), as a nested mapping
     # {key: declared value}; a value's type is what an override must have (None: any)
@@ -81,7 +96,13 @@ def load_callable(spec: str, *, what: str = "callable") -> Callable:
     return fn
 
 
-def _read(path: Path) -> Experiment:
+def read_experiment(path: Path, *, root: Path | None = None) -> Experiment:
+    """The experiment of the file ``path``; its decided_by entries are checked against the checkout at
+    ``root`` (default: this repository)."""
+    return _read(Path(path), root)
+
+
+def _read(path: Path, root: Path | None = None) -> Experiment:
     data = yaml.safe_load(path.read_text()) or {}
     block = data.get("experiment")
     if not isinstance(block, dict):
@@ -108,7 +129,91 @@ def _read(path: Path) -> Experiment:
                          f"got {gpu!r}")
     return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
                       profiles=profiles, needs_gpu=bool(gpu), interpreter_ok=gpu == "triton", reads=reads,
-                      bench_schema=_bench_schema(path, data, block), path=path)
+                      decided_by=_decided_by(path, block, root), bench_schema=_bench_schema(path, data, block), path=path)
+
+
+# decided_by ----------------------------------------------------------------------------------------
+_GLOB = re.compile(r"[*?]")
+_SKIP_PARTS = {".git", "__pycache__", ".pytest_cache"}
+
+
+def _decided_by(path: Path, block: dict, root: Path | None) -> tuple[str, ...]:
+    entries = block.get("decided_by")
+    if entries is None:
+        return DEFAULT_DECIDED_BY
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise ValueError(f"{path}: experiment.decided_by lists the files whose change can move the numbers, as "
+                         f"paths or globs relative to the repository root (experiments/README.md); got {entries!r}")
+    for entry in entries:
+        bare = entry.removeprefix("!")
+        if bare.startswith("/") or ".." in bare.split("/"):
+            raise ValueError(f"{path}: experiment.decided_by entry {entry!r} must be relative to the repository root "
+                             f"(no leading / and no ..)")
+        if not any(True for _ in _files_matching(bare, root)):
+            raise ValueError(f"{path}: experiment.decided_by entry {entry!r} matches no file under {root or paths.ROOT}; "
+                             f"fix the path (relative to the repository root; a folder ends with /) or remove the entry")
+    return tuple(entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_regex(entry: str) -> re.Pattern:
+    """A decided_by entry (no leading !) as a regex over repository paths: the entry or a file below it."""
+    out, i, body = [], 0, entry.rstrip("/")
+    while i < len(body):
+        if body.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif body.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif body[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif body[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(body[i]))
+            i += 1
+    return re.compile("".join(out) + "(?:/.*)?")
+
+
+def _files_matching(entry: str, root: Path | None = None):
+    """Files of the checkout under ``root`` (caches and git's own files left out) that ``entry`` matches; only
+    the folder before the entry's first wildcard is walked."""
+    root = Path(root or paths.ROOT)
+    parts = entry.rstrip("/").split("/")
+    fixed = []
+    for part in parts:
+        if _GLOB.search(part):
+            break
+        fixed.append(part)
+    base = root.joinpath(*fixed) if fixed else root
+    rx = _entry_regex(entry)
+    for p in [base] if base.is_file() else _walk(base) if base.is_dir() else []:
+        rel = p.relative_to(root).as_posix()
+        if not rel.endswith((".pyc", ".pyo")) and rx.fullmatch(rel):
+            yield rel
+
+
+def _walk(base: Path):
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = [d for d in dirs if d not in _SKIP_PARTS]
+        for name in files:
+            yield Path(folder) / name
+
+
+def decides(entries: tuple[str, ...] | list[str], rel_path: str) -> bool:
+    """Whether the file ``rel_path`` (relative to the repository root) is one that ``entries`` name: matched
+    by an entry and by no ``!`` entry."""
+    hit = False
+    for entry in entries:
+        if entry.startswith("!"):
+            if _entry_regex(entry[1:]).fullmatch(rel_path):
+                return False
+        elif not hit and _entry_regex(entry).fullmatch(rel_path):
+            hit = True
+    return hit
 
 
 def _merge_schema(into: dict, extra: dict) -> None:

@@ -1,16 +1,22 @@
 """Provenance (ssmspec/provenance.py): env.json records the hash of the source tree that ran and the commit it
-equals; every committed record describes its commit and its rows."""
+equals; every committed record describes its commit and its rows; every experiment declares the files that
+decide its numbers (experiment.decided_by), and ``stale`` finds the reference results whose deciding files
+changed since their commit."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from ssmspec import provenance
-from ssmspec.paths import RESULTS_DIR, ROOT
+from ssmspec import provenance, registry
+from ssmspec.paths import CONF_DIR, RESULTS_DIR, ROOT
+from ssmspec.registry import experiment_ids, get_experiment
 
 
 def _git(repo, *args):
@@ -128,3 +134,139 @@ def test_gpu_test_record_counts():
     c = parse_counts(log)
     assert (c["passed"], c["failed"], c["skipped"], c["deselected"], c["errors"], c["warnings"]) == (118, 1, 2, 1404, 0, 3)
     assert parse_counts("120 passed, 1 error in 3s")["errors"] == 1 and parse_counts("nothing ran")["passed"] == 0
+
+
+# decided_by and stale ------------------------------------------------------------------------------------
+def _declared(exp_id: str):
+    import yaml
+
+    return (yaml.safe_load((CONF_DIR / "experiment" / f"{exp_id}.yaml").read_text())["experiment"]).get("decided_by")
+
+
+@pytest.mark.parametrize("exp_id", experiment_ids())
+def test_every_experiment_declares_what_decides_it(exp_id):
+    """Each experiment names its deciding files (the conservative default is for new files only), every entry
+    matches a file, and the list holds at least the experiment's own yaml and the module of its bench."""
+    assert _declared(exp_id), f"conf/experiment/{exp_id}.yaml: add experiment.decided_by (experiments/README.md)"
+    exp = get_experiment(exp_id)  # reading it checks that every entry matches a file
+    module = importlib.util.find_spec(exp.bench.partition(":")[0]).origin
+    for must in (f"conf/experiment/{exp_id}.yaml", Path(module).resolve().relative_to(ROOT).as_posix()):
+        assert registry.decides(exp.decided_by, must), f"{exp_id}: decided_by leaves out {must}"
+    assert not any(registry.decides(exp.decided_by, f) for f in ("src/ssmspec/cli.py", "src/ssmspec/summary.py",
+                                                                 "src/ssmspec/plots/style.py", "README.md"))
+
+
+def test_decided_by_entries_are_checked(tmp_path, monkeypatch):
+    exp_dir = tmp_path / "conf" / "experiment"
+    exp_dir.mkdir(parents=True)
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "src" / "pkg" / "b.py").write_text("y = 1\n")
+    block = "experiment:\n  id: demo\n  title: t\n  bench: m:f\n  plot: m:g\n  profiles: [cpu]\n"
+    path = exp_dir / "demo.yaml"
+    path.write_text(block + "  decided_by: [src/pkg/, 'src/**/a.py', conf/experiment/demo.yaml, '!src/pkg/b.py']\n")
+    assert registry.read_experiment(path, root=tmp_path).decided_by[0] == "src/pkg/"
+    path.write_text(block)
+    assert registry.read_experiment(path, root=tmp_path).decided_by == registry.DEFAULT_DECIDED_BY
+    for bad, why in [("[src/pkg/nope.py]", "'src/pkg/nope.py' matches no file"), ("src/pkg/", "lists the files"),
+                     ("[/etc/passwd]", "relative to the repository root"), ("[]", "lists the files")]:
+        path.write_text(block + f"  decided_by: {bad}\n")
+        with pytest.raises(ValueError, match=re.escape(why)) as e:
+            registry.read_experiment(path, root=tmp_path)
+        assert str(path) in str(e.value)
+
+
+def test_decides_matches_folders_globs_and_exclusions():
+    entries = ("src/ssmspec/ops/replay/", "src/ssmspec/bench/steps*.py", "conf/model/**/*.yaml", "!conf/model/x.yaml")
+    assert registry.decides(entries, "src/ssmspec/ops/replay/triton.py")
+    assert not registry.decides(entries, "src/ssmspec/ops/replay_split/triton.py")
+    assert registry.decides(entries, "src/ssmspec/bench/steps_snl.py")
+    assert not registry.decides(entries, "src/ssmspec/bench/sub/steps.py")  # * stays in one folder
+    assert registry.decides(entries, "conf/model/a/b.yaml") and registry.decides(entries, "conf/model/y.yaml")
+    assert not registry.decides(entries, "conf/model/x.yaml")
+
+
+@pytest.fixture
+def results_repo(repo):
+    """``repo`` with an experiment (decided by src/pkg/a.py, src/pkg/ops/ and its yaml) and a reference result
+    of each profile measured at its first commit."""
+    exp_dir = repo / "conf" / "experiment"
+    exp_dir.mkdir()
+    (repo / "conf" / "bench").mkdir()
+    (repo / "conf" / "bench" / "default.yaml").write_text("warmup: 1\n")
+    (exp_dir / "demo.yaml").write_text(
+        "experiment:\n  id: demo\n  title: t\n  bench: m:f\n  plot: m:g\n  profiles: [cpu, gpu]\n"
+        "  decided_by: [src/pkg/a.py, src/pkg/ops/, conf/experiment/demo.yaml]\n")
+    (repo / "src" / "pkg" / "ops").mkdir()
+    (repo / "src" / "pkg" / "ops" / "k.py").write_text("k = 1\n")
+    (repo / "src" / "pkg" / "other.py").write_text("o = 1\n")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "experiment")
+    head = _git(repo, "rev-parse", "HEAD")
+    for profile, env in (("gpu", {"git_sha": head[:7], "device_name": "H100"}),
+                         ("cpu", {"git_sha": head, "source_commit": head, "device_name": "x86_64"})):
+        (repo / "results" / "demo" / profile).mkdir(parents=True)
+        (repo / "results" / "demo" / profile / "env.json").write_text(json.dumps(env))
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "results")
+    return repo
+
+
+def test_stale_detects_changed_deciding_files_only(results_repo):
+    repo = results_repo
+    rec = provenance.stale("demo", "gpu", root=repo)
+    assert (rec.status, rec.files, rec.device_name, rec.label) == ("current", (), "H100", "current")
+
+    (repo / "src" / "pkg" / "other.py").write_text("o = 2\n")  # not deciding: edited, committed, untracked
+    (repo / "README.md").write_text("docs\n")
+    (repo / "src" / "pkg" / "new.py").write_text("n = 1\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "unrelated")
+    assert provenance.stale("demo", "gpu", root=repo).status == "current"
+
+    (repo / "src" / "pkg" / "a.py").write_text("x = 2\n")  # deciding, committed after the result
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "change a")
+    (repo / "src" / "pkg" / "ops" / "fresh.py").write_text("f = 1\n")  # deciding, untracked
+    rows = provenance.stale_report(root=repo)
+    assert [(r.profile, r.status, r.files) for r in rows] == [
+        ("cpu", "stale", ("src/pkg/a.py", "src/pkg/ops/fresh.py")), ("gpu", "stale", ("src/pkg/a.py", "src/pkg/ops/fresh.py"))]
+    assert rows[0].label == "stale: 2 files: src/pkg/a.py, src/pkg/ops/fresh.py"
+    (repo / "src" / "pkg" / "ops" / "k.py").unlink()  # a deleted deciding file is a change too
+    assert "src/pkg/ops/k.py" in provenance.stale("demo", "cpu", root=repo).files
+
+
+def test_stale_ignores_comments_docstrings_and_declarations(results_repo):
+    """What cannot move a number does not make a result stale: comments and docstrings of a deciding .py file,
+    comments of a yaml and the experiment's own decided_by / title; a changed value does."""
+    repo = results_repo
+    (repo / "src" / "pkg" / "a.py").write_text('"""Docs."""\nx = 1  # why one\n')
+    yml = repo / "conf" / "experiment" / "demo.yaml"
+    yml.write_text("# a comment\n" + yml.read_text().replace("title: t", "title: another title").replace(
+        "conf/experiment/demo.yaml]", "conf/experiment/demo.yaml, src/pkg/other.py]"))
+    assert provenance.stale("demo", "cpu", root=repo).status == "current"
+    yml.write_text(yml.read_text().replace("bench: m:f", "bench: m:g"))
+    (repo / "src" / "pkg" / "a.py").write_text("x = 1.0\n")
+    assert provenance.stale("demo", "cpu", root=repo).files == ("conf/experiment/demo.yaml", "src/pkg/a.py")
+
+
+def test_stale_unknown_commit_and_the_command(results_repo, monkeypatch, capsys):
+    repo = results_repo
+    env = repo / "results" / "demo" / "gpu" / "env.json"
+    env.write_text(json.dumps({"git_sha": "0123456789abcdef0123456789abcdef01234567", "device_name": "H100"}))
+    rec = provenance.stale("demo", "gpu", root=repo)
+    assert rec.status == "unknown commit" and rec.commit.startswith("0123456")
+    with pytest.raises(ValueError, match="no reference result"):
+        provenance.stale("demo", "nope", root=repo)
+
+    from ssmspec import paths
+
+    monkeypatch.setattr(paths, "ROOT", repo)
+    monkeypatch.setattr(paths, "CONF_DIR", repo / "conf")
+    monkeypatch.setattr(paths, "RESULTS_DIR", repo / "results")
+    assert provenance._main(["stale", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "unknown commit" in out and "current" in out and "0 of 2 reference results stale" in out
+    (repo / "conf" / "experiment" / "demo.yaml").write_text(
+        (repo / "conf" / "experiment" / "demo.yaml").read_text() + "bench: {iters: 3}\n")
+    assert provenance._main(["stale", "--profile", "cpu", "demo"]) == 0  # a report
+    assert "stale: 1 file: conf/experiment/demo.yaml" in capsys.readouterr().out
+    assert provenance._main(["stale", "--profile", "cpu", "--check"]) == 1
