@@ -117,6 +117,8 @@ def check_values(cfg: DictConfig) -> None:
     bench = _plain(cfg.get("bench"))
     _check_bench(bench)
     for name, minimum in (("iters", 1), ("warmup", 0), ("cpu_threads", 1)):
+        if name == "iters" and bench.get(name) == "auto":  # experiments that size the run by the oracle's law
+            continue
         if bench.get(name) is not None:
             _number(f"bench.{name}", bench[name], minimum=minimum, integer=True)
 

@@ -44,8 +44,12 @@ def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli,
         if S:
             assert r["acceptance"] == "oracle" and r["alpha"] == 1.0 and r["ref_match"] == 1.0
             assert r["expected_accepted"] == S
+            # designed = measured when every draft is accepted (bench/designed.py)
+            assert r["tokens_per_s_designed"] == pytest.approx(r["tokens_per_s"]) and r["accepted_gap"] == 0.0
+            assert r["accepted_within"] is True and r["sequence_steps"] == 4
         else:
             assert r["acceptance"] == "none" and r["alpha"] is None
+            assert r["tokens_per_s_designed"] == r["tokens_per_s"] and r["accepted_within"] is None
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert len(skipped) == 5 and all(r["batch"] == 1000000000 and "free" in r["reason"] for r in skipped)
     ratios = fig8_ratios(__import__("pandas").DataFrame(ok), "tiny-hybrid")

@@ -25,9 +25,9 @@ from ssmspec.plots.e2e_snl import fig4_best
 from ssmspec.strategies import SpecConfig
 
 QUESTION = "Compose a haiku about state space models."
-TAB5 = ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9", "data.max_prompt_len=64"]
+TAB5 = ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9", "data.max_prompt_len=64", "bench.groups=2"]
 FIG4 = ["experiment=snl_fig4_multiseq", "profile=cpu", "bench.new_tokens=8", "bench.batch=[1,2]",
-        "bench.drafts=[0,1,2]", "data.max_prompt_len=16"]
+        "bench.drafts=[0,1,2]", "data.max_prompt_len=16", "bench.groups=1"]
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_one_engine_decodes_group_after_group_like_a_fresh_generate(preset, stra
 def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, data_dir):
     rows = run_rows(cli, tmp_path, TAB5, "bench.alpha=1.0")
     by = {(r["set"], r["line"]): r for r in rows}
-    lines = ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
+    lines = ["autoregressive", "joint_attainment + oracle(6,2)", "activation_replay + oracle(6,2)"]  # who drafted
     assert list(by) == [(s, ln) for s in ("mtbench", "gsm8k", "humaneval") for ln in lines]
     for ln in lines:
         gsm = by[("gsm8k", ln)]
@@ -104,13 +104,24 @@ def test_tab5_reads_the_sets_on_disk_and_skips_the_missing_one(cli, tmp_path, da
         assert r["decode_s"] == pytest.approx(sum(r["samples_ms"]) * 1e-3) and len(r["samples_ms"]) == r["groups"]
         ar = by[(s, "autoregressive")]
         assert r["speedup"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
+        # the decode loop's wall clock beside its step events, as step rows (timing.wall_check)
+        assert r["steps_sum_ms"] == pytest.approx(r["decode_s"] * 1e3) and r["loop_wall_ms"] > 0
+        assert r["wall_excess"] == pytest.approx(r["loop_wall_ms"] / r["steps_sum_ms"] - 1)
+        assert r["wall_flag"] == (abs(r["wall_excess"]) > 0.02)
+        assert r["sequence_steps"] == r["steps"] * r["batch"]
         if r["drafts"]:  # every draft right: 6 accepted per step, 8 decode tokens in 2 steps of 7 (last cut)
             assert r["acceptance"] == "oracle" and r["alpha"] == 1.0 and r["expected_accepted"] == 6
-            assert r["oracle"] == "forced"
+            assert r["oracle"] == "forced" and r["draws"] == "weyl" and r["drafter"] == "oracle"
             assert r["accepted_hist"] == {"6": 2 * n} and r["mean_accepted"] == 6 and r["steps"] == 2 * r["groups"]
             assert r["paper_speedup"] > 1.4
+            # designed: 7 tokens a step; measured: the last step of each sequence is cut at the budget (8 of 14)
+            assert r["tokens_per_s_designed"] == pytest.approx(r["sequence_steps"] * 7 / r["decode_s"])
+            assert r["tokens_per_s"] == pytest.approx(r["tokens_per_s_designed"] * 8 / 14)
+            assert r["accepted_gap"] == 0.0 and r["accepted_within"] is True
+            assert r["speedup_designed"] == pytest.approx(r["tokens_per_s_designed"] / ar["tokens_per_s"])
         else:
             assert r["acceptance"] == "none" and r["steps"] == 8 * r["groups"] and r["speedup"] == 1.0
+            assert r["tokens_per_s_designed"] == r["tokens_per_s"] and r["accepted_gap"] is None
 
 
 def test_tab5_png_drafter_records_its_measured_acceptance(cli, tmp_path, data_dir):
@@ -118,6 +129,7 @@ def test_tab5_png_drafter_records_its_measured_acceptance(cli, tmp_path, data_di
     assert {r["set"] for r in rows} == {"humaneval"} and len(rows) == 3
     for r in (r for r in rows if r["drafts"]):
         assert r["acceptance"] == "measured" and r["alpha"] is None and r["drafter"] == "png" and r["ngram"] == 3
+        assert "PNG(6,2)" in r["line"] and r["tokens_per_s_designed"] is None and r["accepted_within"] is None
         assert r["ref_match"] == 1.0  # greedy verification of real n-gram drafts is lossless
         n = sum(r["accepted_hist"].values())
         assert n >= r["steps"] and r["mean_accepted"] == pytest.approx(
@@ -135,14 +147,16 @@ def test_fig4_throughput_vs_drafts_per_batch(cli, tmp_path):
         assert r["gain"] == pytest.approx(r["speedup"] - 1.0)
         if r["drafts"]:
             assert r["acceptance"] == "oracle" and r["alpha"] == 0.6 and r["S"] == 6
+            assert r["line"] == f"{r['strategy']} + oracle(6,{r['drafts']})"
             assert r["expected_accepted"] == pytest.approx(expected_accepted_chains(0.6, 6, r["drafts"]))
-            assert sum(r["accepted_hist"].values()) >= r["steps"]
+            assert sum(r["accepted_hist"].values()) == r["sequence_steps"] >= r["steps"]
+            assert r["steps_needed"] > 0 and r["speedup_designed"] > 0
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert len(skipped) == 1 and skipped[0]["batch"] == 1000 and "fewer than one batch" in skipped[0]["reason"]
     best = fig4_best(pd.DataFrame(ok))
-    for b in best.itertuples():
+    for b in best.itertuples():  # the best draft count at the designed acceptance
         pts = [r for r in ok if r["batch"] == b.batch and r["strategy"] in ("autoregressive", b.strategy)]
-        assert b.tokens_per_s == max(r["tokens_per_s"] for r in pts)
+        assert b.tokens_per_s == max(r["tokens_per_s_designed"] for r in pts)
 
 
 def _checkpoint_with_tokenizer(path: Path) -> Path:
@@ -169,6 +183,7 @@ def test_tab5_on_a_checkpoint_runs_the_png_drafter_on_its_tokens(cli, tmp_path, 
     ckpt = _checkpoint_with_tokenizer(tmp_path / "ckpt")
     rows = run_rows(cli, tmp_path, TAB5, "data=mtbench", f"checkpoint={ckpt}", plot=False)
     assert [r["line"] for r in rows] == ["autoregressive", "joint_attainment + PNG(6,2)", "activation_replay + PNG(6,2)"]
+    assert all(r["draws"] is None for r in rows)
     for r in rows:
         assert r["status"] == "ok" and r["model"] == "ckpt" and r["weights"] == str(ckpt) and r["ref_match"] == 1.0
         # the checkpoint's tokenizer read the prompt (the plain chat frame: it has no template): "User" is one token

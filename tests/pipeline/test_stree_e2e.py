@@ -13,6 +13,7 @@ from pipeline_helpers import PNG_MAGIC, rows_of
 
 from ssmspec.bench.tree_sampling import (CoupledOracle, CoupledSampler, ForcedSampler, NaiveTreeSampler,
                                          coupled_reference, race_noise)
+from ssmspec.drafting import weyl
 from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.oracle import expected_accepted
 from ssmspec.engine.generate import generate
@@ -44,10 +45,18 @@ def test_tab3_states_its_acceptance_and_greedy_stays_lossless(cli, tmp_path):
     assert {r["temperature"] for r in rows} == {0.0, 1.0}
     for r in rows:
         assert r["status"] == "ok" and r["tokens_per_s"] > 0 and r["tau"] == pytest.approx(r["mean_accepted"] + 1)
-        assert sum(r["accepted_hist"].values()) == 3  # one count per timed step (batch 1)
+        assert sum(r["accepted_hist"].values()) == 3 == r["sequence_steps"]  # one count per timed step (batch 1)
+        seconds = sum(r["samples_ms"]) * 1e-3
         if r["line"] == "autoregressive":
             assert r["acceptance"] == "none" and r["speedup"] == pytest.approx(1.0)
+            assert r["tokens_per_s_designed"] == r["tokens_per_s"] and r["accepted_gap"] is None
             continue
+        # designed beside measured: designed tokens = sequence-steps x (1 + E[a]) over the same step times
+        assert r["tokens_per_s_designed"] == pytest.approx(3 * (1 + r["expected_accepted"]) / seconds)
+        assert r["tau_designed"] == pytest.approx(r["expected_accepted"] + 1)
+        assert r["accepted_gap"] == pytest.approx(r["mean_accepted"] / r["expected_accepted"] - 1)
+        assert r["accepted_within"] == (abs(r["accepted_gap"]) <= 0.02) and r["draws"] == "weyl"
+        assert r["steps_needed"] >= 25  # the law asks for far more than the 3 steps this test times
         assert r["acceptance"] == "oracle" and r["alpha"] in (0.55, 0.37)
         tree = r["line"] == "tree A"
         assert r["expected_accepted"] == pytest.approx(
@@ -101,6 +110,26 @@ def test_a_draft_equal_to_the_target_is_always_accepted(cli, tmp_path, drafter, 
         rows = _run(cli, tmp_path / "noisy", "stree_tab3_e2e", "bench.drafter=self", "bench.sigma=3.0", *args,
                     "bench.iters=8", plot=False)
         assert _by(rows, line="chain S=4")[0]["tau"] < 4.5
+
+
+def test_tab3_iters_auto_times_the_steps_the_law_needs(cli, tmp_path):
+    """bench.iters=auto: every line of a temperature times the largest count its oracle lines need (weyl rule,
+    fixed before the run), and the measured mean accepted length is then within 2% of the designed one."""
+    out = tmp_path / "run"
+    status, _, err = cli("run", "experiment=stree_tab3_e2e", "profile=cpu", "bench.warmup=0", "bench.iters=auto",
+                         "bench.temperature=[0.0]", "bench.alpha=[0.9]", "bench.rank_decay=[0.35]", "bench.chain_S=2",
+                         "bench.shape=[0,0]", f"results_dir={out}")
+    assert status == 0, err
+    rows = rows_of(out)
+    need = max(r["steps_needed"] for r in rows if r["steps_needed"])
+    assert need == max(weyl.steps_needed([0, 1], [0.9] * 2, batch=1), weyl.steps_needed([0, 0], [0.9, 0.315], batch=1))
+    for r in rows:
+        assert r["n"] == need and r["sequence_steps"] == need
+        if r["draft_nodes"]:
+            assert r["accepted_within"] and abs(r["mean_accepted"] / r["expected_accepted"] - 1) <= 0.02
+    status, _, err = cli("run", "experiment=stree_tab3_e2e", "profile=cpu", "bench.iters=auto", "bench.draws=random",
+                         f"results_dir={tmp_path / 'bad'}")
+    assert status != 0 and "bench.iters=auto sizes the run by the oracle's Weyl draws" in err
 
 
 def test_tab4_shapes_follow_table4(cli, tmp_path):
@@ -180,6 +209,19 @@ def test_race_noise_draws_the_target_law_and_is_keyed_by_position():
     assert torch.equal(wide[:, 1], race_noise(0, rows[:3], pos[:3], V)[:, 0])
     assert not torch.equal(wide[:, 0], wide[:, 1]) and not torch.equal(race_noise(1, rows[:3], pos[:3], V),
                                                                       race_noise(0, rows[:3], pos[:3], V))
+
+
+def test_coupled_sampler_enters_a_prefix_drafted_twice_once():
+    """Root children 1 and 2 hold the same token (the oracle keeps both: the truth of depth 1); only node 2 has a
+    kept child. One prefix, so the walk enters it and reaches node 3: the deepest fully kept path, not the first
+    copy's dead end."""
+    V = 5
+    logits = torch.zeros(1, 4, V)
+    logits[0, :, 1] = 30.0  # the target samples token 1 everywhere (a near one-hot p)
+    drafts = _tree(1, [1, 1, 1], [0, 0, 2])
+    drafts.position = torch.zeros(1, dtype=torch.long)
+    v = CoupledSampler(SamplingConfig(temperature=1.0), 0).verify(logits, drafts)
+    assert v.accepted.tolist() == [2] and v.path.tolist() == [[0, 2, 3]] and v.bonus.tolist() == [1]
 
 
 @pytest.mark.parametrize("tree", ["A", None])

@@ -23,6 +23,9 @@ compare`` verifies by token comparison (exact on fp32; the CPU reference shows b
 Every line's oracle has the same seed (``seed``), so snapshot and replay at the same S draw the same Bernoulli
 sequence and see the same accepted counts: their ratio compares the cost of their steps alone.
 
+Rows also carry the tokens/s at the designed acceptance beside the measured one (``bench/designed.py``:
+sequence-steps x (1 + E[a]) over the summed step times, and the measured mean accepted length's gap to E[a]).
+
 Throughput is emitted tokens per second of the engine's captured decode steps (``Engine.time_steps``: drafting
 + verify + commit, CUDA events around each step): every step emits accepted + 1 tokens per sequence (the
 budget is sized so that no sequence finishes inside the timed steps), divided by the summed step times.
@@ -50,10 +53,11 @@ import torch
 from omegaconf import DictConfig
 
 from ssmspec import config as C
+from ssmspec.bench.designed import designed_fields
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps import step_row
 from ssmspec.bench.steps_replay import model_for, release
-from ssmspec.drafting.oracle import Oracle
+from ssmspec.drafting.oracle import DRAWS, Oracle
 from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
@@ -106,6 +110,15 @@ def check_bench(b: DictConfig, what: str) -> None:
         raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1")
 
 
+def oracle_draws(b: DictConfig) -> str:
+    """``bench.draws``: random (seeded pseudo-random Bernoulli draws, the default) or weyl (low-discrepancy:
+    the measured acceptance converges like 1/n to the designed one; ``drafting/weyl.py``)."""
+    draws = str(b.get("draws", "random"))
+    if draws not in DRAWS:
+        raise ValueError(f"bench.draws must be one of {', '.join(DRAWS)}, got {draws!r}")
+    return draws
+
+
 def oracle_forced(b: DictConfig) -> bool:
     """``bench.oracle``: forced (default: accepted counts exactly as designed) or compare (token comparison)."""
     mode = str(b.get("oracle", "forced"))
@@ -145,23 +158,31 @@ def _is_oom(e: BaseException) -> bool:
 
 
 def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_alpha: float | None,
-                   **fields) -> dict:
-    """Time the engine's steps; one tidy row with tokens/s from the reports' accepted counts
-    (``oracle_alpha`` None: a real drafter, the acceptance is measured)."""
+                   expected: float | None = None, **fields) -> dict:
+    """Time the engine's steps; one tidy row with tokens/s from the reports' accepted counts, measured beside
+    designed (``bench/designed.py``). ``oracle_alpha`` None: a real drafter, the acceptance is measured;
+    ``expected``: the oracle's exact mean accepted length (default: a chain of S at alpha)."""
     row = step_row(eng, warmup=warmup, iters=iters, **fields)
     if bool(eng.step.done.any()):  # a finished sequence emits nothing: the accepted + 1 count would lie
         raise RuntimeError("a sequence finished inside the timed steps; the engine's budget is too small (bug)")
-    emitted = sum(a + 1 for step in eng.accepted for a in step)  # accepted + 1 per sequence per step
+    accepted = [a for step in eng.accepted for a in step]
+    emitted = sum(a + 1 for a in accepted)  # accepted + 1 per sequence per step
     seconds = sum(row["samples_ms"]) * 1e-3
     S = eng.spec.draft_len
+    if not S:
+        expected = 0.0
+    elif oracle_alpha is None:
+        expected = None
+    elif expected is None:
+        expected = expected_accepted(oracle_alpha, S)
     row.update(status="ok", tokens_emitted=emitted, tokens_per_s=emitted / seconds,
                tokens_per_s_wall=emitted / (row["loop_wall_ms"] * 1e-3),
                tokens_per_step=emitted / (len(eng.accepted) * eng.step.batch),
                acceptance=("oracle" if oracle_alpha is not None else "measured") if S else "none",
-               alpha=oracle_alpha if S else None,
-               expected_accepted=(expected_accepted(oracle_alpha, S) if oracle_alpha is not None else None)
-               if S else 0.0,
+               alpha=oracle_alpha if S else None, expected_accepted=expected,
                ref_match=ref_match(eng, reference) if reference is not None else None)
+    row.update(designed_fields(expected=expected, accepted=accepted, seconds=seconds,
+                               tokens_per_s=row["tokens_per_s"]))
     return row
 
 

@@ -15,8 +15,9 @@ same for every line and seed 001's numbers are decode rates (70 tokens/s = its 1
 rows carry the group times (``samples_ms``, one per group: the end-to-end latency of ``new_tokens`` tokens),
 the step times summary, ``speedup`` = tokens/s over the autoregressive line of the same set and run.
 
-Acceptance, stated (issue 9). Drafts are PNG(S, D) chains -- D drafts of S tokens -- from one of two drafters
-(``bench.drafter``; ``auto``: ``png`` with ``checkpoint=``, ``oracle`` on random weights):
+Acceptance, stated (issue 9). Drafts are D chains of S tokens from one of two drafters (``bench.drafter``;
+``auto``: ``png`` with ``checkpoint=``, ``oracle`` on random weights), and lines are named by the drafter that
+drafted: ``joint_attainment + PNG(6,2)`` or ``joint_attainment + oracle(6,2)``:
 
 - ``png`` (``drafting/png.py``): the prompt n-gram lookup on the device; rows say ``acceptance: measured``.
 - ``oracle`` (``drafting/oracle.py``): every draft token is the target's own next greedy token with
@@ -30,6 +31,19 @@ Acceptance, stated (issue 9). Drafts are PNG(S, D) chains -- D drafts of S token
   so a near-tie argmax that random bf16 weights flip between the autoregressive and a speculative call cannot
   drag the acceptance below alpha's; ``bench.oracle: compare`` verifies by token comparison (the same on fp32).
 
+Designed beside measured (``bench/designed.py``): oracle rows carry ``tokens_per_s_designed`` = sequence-steps x
+(1 + E[a]) over the summed step times and ``speedup_designed``, the measured ``mean_accepted`` beside E[a]
+(``expected_accepted``), ``accepted_gap`` and ``accepted_within`` (2%). The oracle's draws are Weyl sequences
+(``bench.draws: weyl``, ``drafting/weyl.py``) that go on across the groups an engine decodes, and ``bench.groups:
+auto`` decodes enough groups that every oracle line runs the steps its law needs (``weyl.steps_needed`` x
+(1 + E[a]) tokens a sequence, 10% margin; a fixed token budget, so the step count is set before the run and
+varies only with the draws). Measured tokens/s counts emitted tokens: the last step of each sequence is cut at
+the budget, so it sits about E[a] / 2 / new_tokens below the designed one even where the acceptance matches.
+
+Wall clock (``timing.wall_check``, as step rows): ``loop_wall_ms`` is the host's clock over every group's decode
+loop, from the first launch to the report of its last counted step, beside ``steps_sum_ms``, the sum of the
+step events; ``wall_flag`` marks a row where they differ by more than 2% (the device sat idle between steps).
+
 Every speculative row records ``mean_accepted`` and ``accepted_hist`` as the engine's reports saw them (running
 sequences only) and ``ref_match``: the share of sequences whose output equals the autoregressive line's (1.0
 unless a near-tie argmax flipped under other numerics). A set that is not on disk is a ``status: skipped`` row
@@ -38,6 +52,7 @@ naming the fetch command; an engine that cannot fit is a ``status: skipped`` row
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -47,13 +62,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ssmspec import config as C
-from ssmspec.bench.e2e import _is_oom, oracle_forced, plan_point
+from ssmspec.bench.designed import ACCEPTED_TOLERANCE, designed_fields
+from ssmspec.bench.e2e import _is_oom, oracle_draws, oracle_forced, plan_point
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps_replay import model_for, release
-from ssmspec.bench.timing import summarize
+from ssmspec.bench.timing import summarize, wall_check
 from ssmspec.data.prompts import FETCH_HINT, prompts_from_config, set_configs
 from ssmspec.data.tokenizers import load_tokenizer
-from ssmspec.drafting.oracle import Oracle, expected_accepted
+from ssmspec.drafting import weyl
+from ssmspec.drafting.oracle import Oracle, chain_parents, expected_accepted
 from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
 from ssmspec.engine.memory import HEADROOM, fmt_bytes
@@ -80,7 +97,9 @@ def expected_accepted_chains(alpha: float, S: int, D: int) -> float:
 class GroupOracle(Oracle):
     """The oracle drafter, re-armed in place for every group an engine decodes: ``reference`` is set before each
     prefill and ``reset`` copies it into the tensors the first reset made (a captured drafter graph reads those
-    very tensors and advances that generator; new ones would be invisible to it). References must keep one width."""
+    very tensors and advances that generator; new ones would be invisible to it). References must keep one width.
+    Weyl draws go on where the last group stopped: each sequence's next draw is the one after the last it consumed
+    (the table is refilled in place from there), so the draws a row counts are consecutive across groups."""
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         if getattr(self, "ref", None) is None:
@@ -91,6 +110,10 @@ class GroupOracle(Oracle):
                              f"pad every group's references to one width")
         self.ref.copy_(ref)
         self.plen.copy_(torch.tensor([len(p) for p in prompts], dtype=torch.long))
+        if self.draws == "weyl":
+            self.weyl_start = [s + n for s, n in zip(self.weyl_start, self.draw_idx.tolist())]
+            self.table.copy_(torch.from_numpy(self.weyl.fill(self.weyl_start, self.table.shape[1])))
+            self.draw_idx.zero_()
 
 
 @dataclass
@@ -136,6 +159,7 @@ class Decoded:
     accepted: list[int]  # accepted drafts of every running sequence in every step
     emitted: int  # tokens the decode steps emitted (the prefill's first tokens excluded)
     prefill_ms: float
+    step_wall_ms: list[float] = field(default_factory=list)  # wall clock from the first launch to each step's report
     full: list[list[int]] | None = None  # autoregressive line: the output past the budget (``Runner._cut``)
 
 
@@ -153,21 +177,24 @@ def pad_group(prompts: list[list[int]], width: int, pad_id: int, device) -> tupl
 def decode(eng: Engine, ids: torch.Tensor, valid: torch.Tensor, prompts: list[list[int]]) -> Decoded:
     """Prefill one group into ``eng`` and step until every sequence has its ``max_new_tokens`` (generate()'s
     loop: the host reads each report one step late on CUDA; the step launched past the end emits nothing and
-    is not counted)."""
+    is not counted). ``step_wall_ms``: the host's clock from the first launch to the collection of each counted
+    step's report, the wall-clock record of the timed loop (``timing.wall_check``)."""
     if eng.cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     first = eng.prefill(ids, valid, prompts)  # syncs (host copy of the report)
     prefill_ms = (time.perf_counter() - t0) * 1e3
     seqs = [list(t) for t in first.tokens]
-    steps, accepted, emitted = [], [], 0
+    steps, walls, accepted, emitted = [], [], [], 0
     done, lag = all(first.done), 1 if eng.cuda else 0
+    t0 = time.perf_counter()
     while not done:
         eng.launch()
         for rep, seconds in eng.collect(keep=lag):
             if done:
                 continue
             steps.append(seconds * 1e3)
+            walls.append((time.perf_counter() - t0) * 1e3)
             for b, (toks, a) in enumerate(zip(rep.tokens, rep.accepted)):
                 if toks:  # running before this step
                     seqs[b].extend(toks)
@@ -177,20 +204,23 @@ def decode(eng: Engine, ids: torch.Tensor, valid: torch.Tensor, prompts: list[li
         if len(steps) > eng.step.max_new_tokens + 1:
             raise RuntimeError("decode did not finish within max_new_tokens steps (engine bug)")
     eng.collect(keep=0)
-    return Decoded(seqs, steps, accepted, emitted, prefill_ms)
+    return Decoded(seqs, steps, accepted, emitted, prefill_ms, step_wall_ms=walls)
 
 
 @dataclass
 class Line:
-    """One curve or table row: a strategy at D drafts x S (D = 0: autoregressive standard decode)."""
+    """One curve or table row: a strategy at D drafts x S (D = 0: autoregressive standard decode), named by the
+    drafter that drafted: ``PNG(S,D)`` (the prompt n-gram drafter) or ``oracle(S,D)`` (D oracle chains of S)."""
 
     strategy: str
     drafts: int
     S: int
+    drafter: str = "png"
 
     @property
     def label(self) -> str:
-        return "autoregressive" if not self.drafts else f"{self.strategy} + PNG({self.S},{self.drafts})"
+        name = "PNG" if self.drafter == "png" else self.drafter
+        return "autoregressive" if not self.drafts else f"{self.strategy} + {name}({self.S},{self.drafts})"
 
     @property
     def spec(self) -> SpecConfig:
@@ -215,7 +245,45 @@ def check_common(b: DictConfig, what: str) -> dict:
     if not b.presets:
         raise ValueError(f"{what}: bench.presets is empty; name a model preset (e.g. bench.presets=[mamba2-2.7b])")
     return dict(strategies=strategies, S=int(b.S), new_tokens=int(b.new_tokens), warmup=int(b.warmup),
-                alpha=float(b.alpha), ngram=int(b.ngram), forced=oracle_forced(b))
+                alpha=float(b.alpha), ngram=int(b.ngram), forced=oracle_forced(b), draws=oracle_draws(b))
+
+
+GROUP_MARGIN = 1.1  # auto groups: 10% more sequence-steps than the law asks for (the step count of a fixed token
+#                     budget varies a little with the draws)
+
+
+def steps_needed(s: dict, line: Line, batch: int) -> int | None:
+    """Steps per sequence an oracle line's law asks for a 2% band on its mean accepted length (``drafting/weyl.py``:
+    the Weyl rule, or the independent draws' count / batch); None for lines without oracle drafts."""
+    if not line.drafts or line.drafter != "oracle":
+        return None
+    parents = chain_parents(line.S, line.drafts)
+    keep = [s["alpha"]] * len(parents)
+    if s["draws"] == "weyl":
+        return weyl.steps_needed(parents, keep, batch=batch, tol=ACCEPTED_TOLERANCE)
+    return math.ceil(weyl.iid_steps(parents, keep, tol=ACCEPTED_TOLERANCE) / batch)
+
+
+def groups_for(b: DictConfig, s: dict, lines: list[Line], batch: int, what: str) -> int | None:
+    """``bench.groups``: a number, null (every prompt of the set) or auto: enough groups of ``batch`` that every
+    oracle line decodes the steps its law asks for (``steps_needed`` x (1 + E[a]) tokens a sequence, 10% margin);
+    with a measured drafter auto decodes every prompt."""
+    g = b.get("groups")
+    if g is None:
+        return None
+    if str(g) != "auto":
+        if int(g) < 1:
+            raise ValueError(f"{what}: bench.groups is the number of batches per set (null: all; auto: the oracle's "
+                             f"law decides), got {g}")
+        return int(g)
+    need = [(steps_needed(s, line, batch), expected_accepted_chains(s["alpha"], line.S, line.drafts))
+            for line in lines if line.drafts and line.drafter == "oracle"]
+    if not need:
+        return None
+    if s["draws"] != "weyl":
+        raise ValueError(f"{what}: bench.groups=auto sizes the run by the oracle's Weyl draws; give "
+                         f"bench.groups=<n> with bench.draws={s['draws']}")
+    return max(math.ceil(GROUP_MARGIN * n * (1 + e) / (s["new_tokens"] - 1)) for n, e in need)
 
 
 def drafter_kind(cfg: DictConfig) -> str:
@@ -231,6 +299,7 @@ class Runner:
         self.cfg, self.model, self.preset, self.pset, self.s = cfg, model, preset, pset, s
         self.batch, self.kind = batch, drafter_kind(cfg)
         n = len(pset.prompts) // batch * batch  # the paper drops a last batch that is not full
+        self.groups_asked = groups
         if groups is not None:
             n = min(n, groups * batch)
         self.groups = [pset.prompts[i:i + batch] for i in range(0, n, batch)]
@@ -249,7 +318,9 @@ class Runner:
                     acceptance=("oracle" if oracle else "measured") if spec else "none",
                     alpha=self.s["alpha"] if oracle else None,
                     oracle=("forced" if self.s["forced"] else "compare") if oracle else None,
+                    draws=self.s["draws"] if oracle else None, groups_asked=self.groups_asked,
                     expected_accepted=expected_accepted_chains(self.s["alpha"], line.S, line.drafts) if oracle else None,
+                    steps_needed=steps_needed(self.s, line, self.batch),
                     ngram=self.s["ngram"] if spec and self.kind == "png" else None)
 
     def _drafter(self, line: Line):
@@ -259,7 +330,7 @@ class Runner:
             return PromptNgram(ngram=self.s["ngram"], num_drafts=line.drafts, draft_len=line.S)
         return GroupOracle(p=self.s["alpha"], draft_len=line.S, num_drafts=line.drafts,
                            reference=self._padded_refs(0, line.S), vocab_size=self.model.cfg.vocab_size,
-                           seed=int(self.cfg.seed), forced=self.s["forced"])
+                           seed=int(self.cfg.seed), forced=self.s["forced"], draws=self.s["draws"])
 
     def _padded_refs(self, g: int, S: int) -> list[list[int]]:
         width = self.s["new_tokens"] + S + 1
@@ -315,6 +386,7 @@ class Runner:
         out.sequences = [s[:n] for s in out.sequences]
         out.step_ms, out.accepted, out.emitted = out.step_ms[:n - 1], out.accepted[:(n - 1) * self.batch], \
             (n - 1) * self.batch
+        out.step_wall_ms = out.step_wall_ms[:n - 1]
         return out
 
     def _row(self, base: dict, eng: Engine, runs: list[Decoded], need: int) -> dict:
@@ -328,9 +400,13 @@ class Runner:
         emitted, seconds = sum(r.emitted for r in runs), sum(steps) * 1e-3
         group_ms = [sum(r.step_ms) for r in runs]
         hist = dict(sorted(Counter(acc).items())) if base["drafts"] else {}
+        wall = sum(r.step_wall_ms[-1] for r in runs if r.step_wall_ms)  # each group's loop, to its last counted step
+        expected = base["expected_accepted"] if base["drafts"] else 0.0
         return {**base, **summarize(group_ms), "samples_ms": group_ms, "status": "ok",
                 "timing": "cuda_graph" if eng.graphed else "eager", "drafter_on_device": eng.drafter_on_device,
                 "tokens_emitted": emitted, "decode_s": seconds, "tokens_per_s": emitted / seconds,
+                **designed_fields(expected=expected, accepted=acc, seconds=seconds, tokens_per_s=emitted / seconds),
+                **wall_check(steps, wall),
                 "steps": len(steps), "step_ms_p50": summarize(steps)["ms_p50"],
                 "tokens_per_step": emitted / sum(len(r.accepted) for r in runs),
                 "prefill_ms_p50": summarize([r.prefill_ms for r in runs])["ms_p50"],
@@ -340,11 +416,14 @@ class Runner:
 
 
 def _with_ar(row: dict, ar: dict | None) -> dict:
-    """Add the autoregressive line's tokens/s and the speedup over it (the autoregressive row is its own)."""
+    """Add the autoregressive line's tokens/s and the speedups over it, measured and designed (the autoregressive
+    row is its own)."""
     ar = row if not row["drafts"] else ar
     ok = row["status"] == "ok" and ar is not None and ar["status"] == "ok"
     row["ar_tokens_per_s"] = ar["tokens_per_s"] if ok else None
     row["speedup"] = row["tokens_per_s"] / ar["tokens_per_s"] if ok else None
+    d = row.get("tokens_per_s_designed") if ok else None
+    row["speedup_designed"] = d / ar["tokens_per_s"] if d is not None else None
     return row
 
 
@@ -382,10 +461,9 @@ def run_snl_tab5(cfg: DictConfig) -> Iterator[dict]:
     D, batch = int(b.drafts), int(b.batch)
     if D < 1 or batch < 1:
         raise ValueError(f"snl_tab5_e2e: need bench.drafts >= 1 and bench.batch >= 1, got {D} and {batch}")
-    groups = int(b.groups) if b.get("groups") is not None else None
-    if groups is not None and groups < 1:
-        raise ValueError(f"snl_tab5_e2e: bench.groups is the number of batches per set (null: all), got {groups}")
-    lines = [Line("autoregressive", 0, 0)] + [Line(n, D, s["S"]) for n in s["strategies"]]
+    kind = drafter_kind(cfg)
+    lines = [Line("autoregressive", 0, 0)] + [Line(n, D, s["S"], kind) for n in s["strategies"]]
+    groups = groups_for(b, s, lines, batch, "snl_tab5_e2e")
     for preset, model in _models(cfg, b, _room(cfg, s, D)):
         tok = load_tokenizer(model)
         for pset in load_sets(cfg, tok, model.cfg.vocab_size):
@@ -418,10 +496,11 @@ def run_snl_fig4(cfg: DictConfig) -> Iterator[dict]:
     if not drafts or min(drafts) < 0 or not batches or min(batches) < 1:
         raise ValueError(f"snl_fig4_multiseq: bench.drafts holds draft counts >= 0 and bench.batch sizes >= 1, got "
                          f"{list(b.drafts)} and {batches}")
-    groups = int(b.groups)
-    if groups < 1:
-        raise ValueError(f"snl_fig4_multiseq: bench.groups (batches decoded per point) must be >= 1, got {groups}")
-    lines = [Line("autoregressive", 0, 0)] + [Line(n, d, s["S"]) for d in drafts if d for n in s["strategies"]]
+    if b.get("groups") is None:
+        raise ValueError("snl_fig4_multiseq: bench.groups is the batches decoded per point (a number, or auto: the "
+                         "oracle's law decides); null is not allowed here")
+    kind = drafter_kind(cfg)
+    lines = [Line("autoregressive", 0, 0)] + [Line(n, d, s["S"], kind) for d in drafts if d for n in s["strategies"]]
     for preset, model in _models(cfg, b, _room(cfg, s, max(drafts))):
         sets = load_sets(cfg, load_tokenizer(model), model.cfg.vocab_size)
         if len(sets) != 1:
@@ -431,6 +510,7 @@ def run_snl_fig4(cfg: DictConfig) -> Iterator[dict]:
         if pset.reason is not None:
             raise ValueError(f"snl_fig4_multiseq: {pset.reason}; or choose another set with data=<set>")
         for batch in track(batches, desc=f"{preset} batches"):
+            groups = groups_for(b, s, lines, batch, "snl_fig4_multiseq") or 1  # auto with a measured drafter: 1
             run = Runner(cfg, model, preset, pset, batch=batch, groups=groups, s=s)
             ar = None
             for line in lines:

@@ -7,7 +7,18 @@ seeded synthetic prompts (``bench.prompt_len`` tokens, ``data.seed``), and is ti
 over the summed step times (drafting + verify + commit; CUDA events, perf_counter on CPU). Rows carry
 ``mean_accepted`` (accepted drafts per step), ``tau`` = mean_accepted + 1 (the seed's "average number of tokens
 accepted", 1 for autoregressive), the accepted-count histogram, and ``speedup`` over the autoregressive line
-of the same model, batch and temperature in the same run.
+of the same model, batch and temperature in the same run. Oracle rows carry the designed numbers beside the
+measured ones (``bench/designed.py``): ``tokens_per_s_designed`` = sequence-steps x (1 + E[a]) over the summed
+step times, ``tau_designed`` = E[a] + 1, ``speedup_designed``, ``accepted_gap`` = measured / designed - 1 of the
+mean accepted length and ``accepted_within`` (|gap| <= 2%).
+
+How many steps (``bench.iters``). The oracle's draws are Weyl sequences (``bench.draws: weyl``,
+``drafting/weyl.py``): the measured mean accepted length converges to E[a] like 1/n. ``bench.iters: auto``
+times, at every batch and temperature, the largest count the point's oracle lines need for a 2% band
+(``weyl.steps_needed``: at most 1 offset draw in 1000 misses it; fixed before the run from the law and the draws'
+rates, never from the run's outcome); every line of the point times that count, so their contexts grow alike;
+rows record ``steps_needed`` per line. The token budget (and the oracle's reference) holds the steps at the law's
+worst case over offsets (``weyl.max_accepted``), not at every draft accepted, which would be 3-6x longer.
 
 Acceptance, stated (``bench.drafter``; ``auto``: ``oracle`` on random weights, ``draft`` with ``checkpoint=``):
 
@@ -21,14 +32,18 @@ Acceptance, stated (``bench.drafter``; ``auto``: ``oracle`` on random weights, `
   (``bench/tree_sampling.py: CoupledSampler``; still an exact draw), so its sampled continuation is computed
   once in advance and is the truth; at each node the target samples and the walk enters the child holding the
   sample -- for these deterministic drafts the law and acceptance of Leviathan's test and of multi-step
-  speculative sampling. Emitted tokens equal the truth (``ref_match``; a near-tie flipped by other numerics
-  lowers it, after which drafts are off the path). ``forced``: greedy verification takes the oracle's word for
-  its kept nodes (bf16 flips cannot lower the acceptance, as ``replay_fig8_throughput``); at temperature > 0
-  the real speculative / MSS test runs on every node for its cost, its verdict is replaced by the oracle's and
-  the bonus is sampled from the target (``ForcedSampler``): rows say ``law: designed``, the emitted tokens are
-  not a sample of the target. The defaults are calibrated on seed 003's Table 3 (MT-Bench): at temperature 0
-  alpha = 0.55, beta = 0.35 give a chain of 4 1.11 and tree A 1.44 accepted drafts (paper 1.04 and 1.47); at
-  temperature 1 alpha = 0.37, beta = 0.7 give 0.58 and 1.03 (paper 0.55 and 1.03).
+  speculative sampling; kept siblings hold the same token, one prefix, and the walk enters it once with every
+  continuation drafted under it. Designed means the same thing at every temperature: the depth of the deepest
+  fully kept path, which a real test accepts exactly while the target follows the truth. Emitted tokens equal
+  the truth (``ref_match``; a near-tie flipped by other numerics lowers it, after which drafts are off the path
+  and the measured acceptance falls below the designed one). ``forced``: greedy verification takes the
+  oracle's word for its kept nodes (bf16 flips cannot lower the acceptance, as ``replay_fig8_throughput``); at
+  temperature > 0 the real speculative / MSS test runs on every node for its cost, its verdict is replaced by
+  the oracle's and the bonus is sampled from the target (``ForcedSampler``): rows say ``law: designed``, the
+  emitted tokens are not a sample of the target. The defaults are calibrated on seed 003's Table 3 (MT-Bench,
+  measured acceptance of its draft model): at temperature 0 alpha = 0.55, beta = 0.35 give a chain of 4 1.11
+  and tree A 1.44 accepted drafts by design (paper, measured: 1.04 and 1.47); at temperature 1 alpha = 0.37,
+  beta = 0.7 give 0.58 and 1.03 (paper 0.55 and 1.03).
 - ``self``: measured acceptance of a draft whose q is a stated perturbation of p: the target model itself
   (shared weights, its own states) drafts with N(0, sigma^2) noise on every logit, q = softmax((z + sigma
   eps) / T) (``bench.sigma``). Chains and MSS trees sample their children from q and record it; naive trees
@@ -52,18 +67,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterator
 
 import torch
 from omegaconf import DictConfig
 
 from ssmspec import config as C
-from ssmspec.bench.e2e import _is_oom, plan_point, throughput_row
+from ssmspec.bench.designed import ACCEPTED_TOLERANCE
+from ssmspec.bench.e2e import _is_oom, oracle_draws, plan_point, throughput_row
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.bench.tree_sampling import (CoupledOracle, CoupledSampler, ForcedSampler, NaiveTreeSampler, PerturbedTree,
                                          coupled_reference)
-from ssmspec.drafting.oracle import Oracle, expected_accepted
+from ssmspec.drafting import weyl
+from ssmspec.drafting.oracle import Oracle, expected_accepted, sibling_ranks
 from ssmspec.drafting.static_tree import SHAPES, check_parents, resolve_shape
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
@@ -146,8 +164,8 @@ def check_common(b: DictConfig, what: str) -> None:
     sizes = [int(x) for x in b.batch]
     if not sizes or min(sizes) < 1:
         raise ValueError(f"{what}: bench.batch needs positive sizes, got {sizes}")
-    if int(b.prompt_len) < 1 or int(b.iters) < 1:
-        raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1")
+    if int(b.prompt_len) < 1 or (str(b.iters) != "auto" and int(b.iters) < 1):
+        raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1 (or auto)")
     if float(b.get("sigma", 0.0)) < 0:
         raise ValueError(f"{what}: bench.sigma is a noise std, >= 0; got {b.sigma}")
 
@@ -171,11 +189,49 @@ class Runner:
         self.oracle_mode = str(self.b.get("oracle", "coupled"))
         if self.oracle_mode not in ORACLE_MODES:
             raise ValueError(f"{what}: bench.oracle must be coupled or forced, got {self.oracle_mode!r}")
+        self.draws = oracle_draws(self.b)
 
-    def horizon(self, depth: int) -> int:
-        """Tokens a timed run can emit per sequence at the deepest draft ``depth`` (as ``bench/e2e.py``)."""
-        steps = max(int(self.b.warmup), 1) + int(self.b.iters) + 1
-        return 1 + steps * (depth + 1) + depth
+    def law(self, line: Line, alpha: float, decay: float) -> tuple[list[int], list[float]] | None:
+        """(parents, keep probability per node) of an oracle line's drafts, None for other lines."""
+        if self.kind != "oracle" or not line.parents:
+            return None
+        ranks = sibling_ranks(line.parents) if not line.is_chain else [0] * len(line.parents)
+        return list(line.parents), [alpha * decay ** r for r in ranks]
+
+    def steps_needed(self, line: Line, batch: int, alpha: float, decay: float) -> int | None:
+        """Steps per sequence the line's law asks for a 2% band on its mean accepted length: the Weyl rule
+        (``drafting/weyl.py: steps_needed``), or the independent draws' count (``iid_steps`` / batch)."""
+        law = self.law(line, alpha, decay)
+        if law is None:
+            return None
+        if self.draws == "weyl":
+            return weyl.steps_needed(*law, batch=batch, tol=ACCEPTED_TOLERANCE)
+        return math.ceil(weyl.iid_steps(*law, tol=ACCEPTED_TOLERANCE) / batch)
+
+    def plan(self, lines: list[Line], batch: int, alpha: float, decay: float) -> tuple[int, int, dict]:
+        """(timed steps, token budget, steps needed per line label) of one batch and temperature. ``bench.iters:
+        auto`` times the largest count the point's oracle lines need; the budget holds every step's tokens: at
+        most the law's worst case over offsets for Weyl draws, every draft accepted otherwise."""
+        needs = {line.label: self.steps_needed(line, batch, alpha, decay) for line in lines}
+        if str(self.b.iters) == "auto":
+            if self.kind != "oracle" or self.draws != "weyl":
+                raise ValueError(f"{self.what}: bench.iters=auto sizes the run by the oracle's Weyl draws; give "
+                                 f"bench.iters=<steps> with bench.drafter={self.kind} / bench.draws={self.draws}")
+            iters = max(v for v in needs.values() if v is not None)
+        else:
+            iters = int(self.b.iters)
+        steps = max(int(self.b.warmup), 1) + iters + 1
+        budget = 1
+        for line in lines:
+            law = self.law(line, alpha, decay)
+            if not line.parents:
+                need = 1 + steps
+            elif law is not None and self.draws == "weyl":
+                need = 1 + steps + weyl.max_accepted(*law, batch=batch, steps=steps) + line.depth
+            else:
+                need = 1 + steps * (line.depth + 1) + line.depth
+            budget = max(budget, need)
+        return iters, budget, needs
 
     def draft_source(self, model):
         """The model that drafts for ``self`` (the target) and ``draft`` (a draft preset or checkpoint)."""
@@ -199,7 +255,8 @@ class Runner:
             V, forced = model.cfg.vocab_size, self.oracle_mode == "forced"
             cls = CoupledOracle if temperature > 0 and not forced else Oracle
             kw = dict(draft_len=len(line.parents)) if line.is_chain else dict(tree=line.parents, rank_decay=decay)
-            d = cls(p=alpha, reference=reference, vocab_size=V, seed=int(self.cfg.seed), forced=forced, **kw)
+            d = cls(p=alpha, reference=reference, vocab_size=V, seed=int(self.cfg.seed), forced=forced,
+                    draws=self.draws, **kw)
             return d, d.expected_accepted()
         sigma = float(self.b.get("sigma", 0.0)) if self.kind == "self" else 0.0
         sample = temperature > 0 and line.verify == "exact"  # MSS / Leviathan need drafts drawn from q
@@ -239,30 +296,35 @@ class Runner:
         """Every line at every batch and temperature for one preset; speedups against autoregressive."""
         b = self.b
         Tp, R = int(b.prompt_len), int(b.get("R", 16))
-        H = self.horizon(max(line.depth for line in lines))
-        model = model_for(self.cfg, preset, Tp + H + 64)
+        batches = [int(x) for x in b.batch]
+        plans = {(bsz, t): self.plan(lines, bsz, alpha, decay) for bsz in batches for t, alpha, decay in temps}
+        model = model_for(self.cfg, preset, Tp + max(p[1] for p in plans.values()) + 64)
         V = model.cfg.vocab_size
-        for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
+        for bsz in track(batches, desc=f"{preset} batches"):
             ids = synthetic_prompts(bsz, Tp, V, seed=self.seed, min_token_id=self.min_tok, device=self.device)
             valid = torch.ones_like(ids, dtype=torch.bool)
             refs: dict = {}
+            H_ref = max(plans[bsz, t][1] for t, _, _ in temps)  # one greedy reference serves every temperature
             for temperature, alpha, decay in temps:
+                iters, H, needs = plans[bsz, temperature]
                 reference = None
                 if self.kind == "oracle":
-                    reference = self.reference(model, ids, H=H, temperature=temperature, cache=refs)
+                    reference = self.reference(model, ids, H=H_ref, temperature=temperature, cache=refs)
                 rows = [self.point(model, line, batch=bsz, ids=ids, valid=valid, reference=reference, H=H, R=R,
-                                   temperature=temperature, alpha=alpha, decay=decay, preset=preset,
-                                   extra=extra or {}) for line in lines]
+                                   iters=iters, temperature=temperature, alpha=alpha, decay=decay, preset=preset,
+                                   extra={**(extra or {}), "steps_needed": needs[line.label]}) for line in lines]
                 base = next((r for r in rows if r["line"] == "autoregressive" and r["status"] == "ok"), None)
                 for r in rows:
                     if base is not None and r["status"] == "ok":
                         r["speedup"] = r["tokens_per_s"] / base["tokens_per_s"]
+                        d = r.get("tokens_per_s_designed")
+                        r["speedup_designed"] = d / base["tokens_per_s"] if d is not None else None
                     yield r
         del model
         release(self.device)
 
-    def point(self, model, line: Line, *, batch: int, ids, valid, reference, H: int, R: int, temperature: float,
-              alpha: float, decay: float, preset: str, extra: dict) -> dict:
+    def point(self, model, line: Line, *, batch: int, ids, valid, reference, H: int, R: int, iters: int,
+              temperature: float, alpha: float, decay: float, preset: str, extra: dict) -> dict:
         """One line at one batch and temperature: a tidy row (status ok / skipped / oom)."""
         spec_d = len(line.parents) if line.parents else 0
         oracle = self.kind == "oracle" and bool(line.parents)
@@ -275,7 +337,7 @@ class Runner:
                     acceptance=("oracle" if oracle else "measured") if line.parents else "none",
                     alpha=alpha if oracle else None, rank_decay=decay if oracle and not line.is_chain else None,
                     sigma=float(self.b.get("sigma", 0.0)) if self.kind == "self" and line.parents else None,
-                    oracle=self.oracle_mode if oracle else None,
+                    oracle=self.oracle_mode if oracle else None, draws=self.draws if oracle else None,
                     verify=_verify_label(line, oracle=oracle, forced=forced, sampled=sampled),
                     law="designed" if forced and sampled else "target", **extra)
         sampling = SamplingConfig(temperature=temperature, seed=int(self.cfg.seed))
@@ -294,11 +356,12 @@ class Runner:
                          drafter=drafter, verifier=self.verifier(line, sampling), sampling=sampling, spec=spec,
                          cuda_graph=self.graph)
             eng.prefill(ids, valid)
-            row = throughput_row(eng, warmup=int(self.b.warmup), iters=int(self.b.iters),
+            row = throughput_row(eng, warmup=int(self.b.warmup), iters=iters,
                                  reference=reference if oracle and not (forced and sampled) else None,
-                                 oracle_alpha=alpha, **base, planned_bytes=need)
-            row.update(acceptance=base["acceptance"], alpha=base["alpha"], expected_accepted=expect,
-                       tau=row["mean_accepted"] + 1.0)
+                                 oracle_alpha=alpha if oracle else None, expected=expect,
+                                 **base, planned_bytes=need)
+            row.update(acceptance=base["acceptance"], alpha=base["alpha"], tau=row["mean_accepted"] + 1.0,
+                       tau_designed=expect + 1.0 if expect is not None else None)
             if forced and row["ref_match"] is not None and row["ref_match"] < 1.0:
                 row["law"] = "designed"  # a kept draft off the target's own path was emitted
         except (torch.OutOfMemoryError, RuntimeError) as e:

@@ -29,9 +29,13 @@ target will sample at a node on the true path is known in advance, and each node
 alpha per branch. Verification is a real test: at each node the target samples y with the node's noise and
 the walk enters the child holding y (for deterministic drafts this *is* multi-step speculative sampling and
 Leviathan's test: a child x is entered with probability r(x), and after rejected children the race's winner is
-a draw from the residual). A kept node holds y, a corrupted one never does, so the accepted counts are the
-designed ones, and the emitted tokens are the reference: an exact sample of the target, as with greedy
-verification at temperature 0. Different numerics of the tree call can flip a near-tie of the race, after
+a draw from the residual). The oracle's kept siblings hold the same token (the truth of their depth): they are
+one prefix, with the same logits and the same position noise, so the walk runs on the prefix-merged tree and
+enters that prefix once, with every continuation drafted under any copy of it (a walk into the first copy
+alone would lose the kept paths under the others and accept less than the oracle's law). A kept node holds y,
+a corrupted one never does, so the accepted length is the depth of the deepest fully kept path, the designed
+law, and the emitted tokens are the reference: an exact sample of the target, as with greedy verification at
+temperature 0. Different numerics of the tree call can flip a near-tie of the race, after
 which the drafts are off the path (``ref_match`` in the rows says how often).
 
 ``PerturbedTree``: a static tree shape filled by a draft model whose logits z get fresh Gaussian noise at every
@@ -164,14 +168,23 @@ class CoupledSampler:
                 raise ValueError("CoupledSampler needs drafts that carry their output position (CoupledOracle)")
             pos = drafts.position[:, None] + drafts.depths_with_root()  # (B, 1+T) position each node samples
         y = (p / race_noise(self.seed, rows, pos, V)).argmax(-1)  # (B, 1+T) the target's draw at each node
-        cur = torch.zeros(bsz, dtype=torch.long, device=p.device)
         if drafts is None or drafts.size == 0:
-            return Verdict(accepted=cur, path=cur[:, None], bonus=y[:, 0])
-        for j in range(1, drafts.size + 1):  # topological order: a node's children come after it
-            hit = (drafts.parents[:, j - 1] == cur) & (drafts.tokens[:, j - 1] == y.gather(1, cur[:, None])[:, 0])
-            cur = torch.where(hit, torch.full_like(cur, j), cur)
-        path, depth = path_to_node(drafts.parents_with_root(), cur, drafts.max_depth())
-        return Verdict(accepted=depth, path=path, bonus=y.gather(1, cur[:, None])[:, 0])
+            zeros = torch.zeros(bsz, dtype=torch.long, device=p.device)
+            return Verdict(accepted=zeros, path=zeros[:, None], bonus=y[:, 0])
+        # a node is entered when its parent is and it holds the parent's sample; the deepest entered node ends
+        # the path. Sibling drafts with the same token are one prefix (same logits, same position noise, so the
+        # same samples below them): this is the walk on the prefix-merged tree, which enters the one prefix
+        # and sees every continuation drafted under any copy of it
+        par = drafts.parents_with_root()  # (B, 1+T)
+        ok = torch.zeros(bsz, par.shape[1], dtype=torch.bool, device=p.device)
+        ok[:, 0] = True
+        for j in range(1, par.shape[1]):  # topological order: a node's parent comes before it
+            pj = par[:, j:j + 1]
+            ok[:, j] = ok.gather(1, pj)[:, 0] & (drafts.tokens[:, j - 1] == y.gather(1, pj)[:, 0])
+        depth = drafts.depths_with_root()
+        best = torch.where(ok, depth, torch.full_like(depth, -1)).argmax(dim=1)  # deepest (first on ties)
+        path, acc = path_to_node(par, best, drafts.max_depth())
+        return Verdict(accepted=acc, path=path, bonus=y.gather(1, best[:, None])[:, 0])
 
 
 def coupled_reference(model, prompts: list[list[int]], *, max_new_tokens: int, sampling: SamplingConfig, seed: int,

@@ -37,6 +37,21 @@ def _style(line: str) -> dict:
                 marker="o" if spec else "s", alpha=1.0 if line.endswith("S=4") or not spec else 0.7)
 
 
+def _acceptance(g: pd.DataFrame) -> str:
+    """'acceptance: <mode> oracle, alpha = <a>' or 'acceptance: measured, PNG drafter' for a panel title: which
+    drafter set the acceptance, and how the oracle's drafts were verified (forced: its kept tokens are accepted;
+    compare: token comparison)."""
+    spec = g[g["S"] > 0] if "S" in g.columns else g
+    if spec.empty:
+        return ""
+    if "acceptance" in spec.columns and (spec["acceptance"] == "measured").all():
+        return f"acceptance: measured, {str(spec['drafter'].iloc[0]).upper()} drafter"
+    alpha = spec["alpha"].dropna()
+    modes = sorted(set(spec["oracle"].dropna())) if "oracle" in spec.columns else []
+    mode = f"{'/'.join(modes)} " if modes else ""
+    return f"acceptance: {mode}oracle, alpha = {alpha.iloc[0]:.2f}" if len(alpha) else ""
+
+
 def fig8_ratios(data: pd.DataFrame, model: str) -> dict[tuple[str, int], float]:
     """{(line, batch): tokens/s of the line / tokens/s of autoregressive} for one model's measured rows."""
     g = data[data["model"] == model]
@@ -81,11 +96,11 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
         elif spec:
             b, best = max(((k[1], v) for k, v in spec.items()), key=lambda kv: kv[0])
             notes.insert(0, f"largest batch {b}: best replay spec {best:.2f}x autoregressive (no batch {GOAL_BATCH})")
-        alpha = g["alpha"].dropna()
-        acc = f", oracle alpha={alpha.iloc[0]:.2f}" if len(alpha) else ""
+        acc = _acceptance(g)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set(xlabel="batch size", ylabel="emitted tokens / s", title=f"{model}{acc}")
+        ax.set(xlabel="batch size", ylabel="emitted tokens / s", title=f"{model}\n{acc}" if acc else model)
+        ax.title.set_fontsize(9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=6, loc="upper left")
         if notes:

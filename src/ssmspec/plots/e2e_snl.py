@@ -1,6 +1,8 @@
 """Figures of the Snakes and Ladders end-to-end experiments (bench/e2e_snl.py), drawn from result rows only.
 Throughput is decode tokens/s of the engine's steps; a speedup is over the autoregressive line of the same set
-and run. Every panel names its acceptance (oracle at alpha, or measured with the PNG drafter)."""
+and run. Every panel names its acceptance (oracle at alpha, or measured with the PNG drafter); oracle lines are
+drawn at their designed acceptance with the measured tokens/s of the same steps as markers, and the paper's
+numbers apart (``plots/designed.py``, DESIGN.md section 5)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,18 +14,33 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from ssmspec.bench.e2e_snl import PAPER_TAB5
+from ssmspec.plots.designed import (DESIGNED, MEASURED_MARK, has_designed, rerun_note, speedup, tokens_per_s,
+                                    within_note)
 from ssmspec.plots.style import ok_rows, provenance
 
 COLORS = {"autoregressive": "0.55", "joint_attainment": "tab:orange", "activation_replay": "tab:blue"}
 SHORT = {"autoregressive": "autoregressive", "joint_attainment": "joint", "activation_replay": "ARP"}
 PAPER_FIG4_GAIN = 0.29  # seed 001 Fig. 4: up to +29% throughput at the best draft count
+PAPER = "paper, measured acceptance (Mamba-2, A10G, PNG drafter)"
 
 
-def _finish(fig, df: pd.DataFrame, title: str, out: Path) -> None:
+def _finish(fig, df: pd.DataFrame, title: str, out: Path, note: str = "") -> None:
     fig.suptitle(f"{title}\n{provenance(df)}", fontsize=9)
-    fig.tight_layout()
+    if note:
+        fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=6, color="0.3")
+    fig.tight_layout(rect=(0, 0.03 * (note.count("\n") + 1) if note else 0, 1, 1))
     fig.savefig(out, dpi=130)
     plt.close(fig)
+
+
+def line_labels(data: pd.DataFrame) -> pd.DataFrame:
+    """Rows whose ``line`` names the drafter that drafted: rows written before lines were named so called the
+    oracle's D chains of S "PNG(S,D)" (the prompt n-gram drafter's notation); their ``drafter`` column says oracle."""
+    if "drafter" not in data.columns:
+        return data
+    oracle = (data["drafter"] == "oracle") & data["line"].str.contains("PNG(", regex=False)
+    return data.assign(line=data["line"].where(~oracle, data["line"].str.replace("PNG(", "oracle(", regex=False)))
 
 
 def acceptance_note(data: pd.DataFrame) -> str:
@@ -33,29 +50,34 @@ def acceptance_note(data: pd.DataFrame) -> str:
     parts = []
     if "oracle" in kinds:
         modes = sorted(set(spec["oracle"].dropna())) if "oracle" in spec.columns else []
+        modes += sorted(f"{d} draws" for d in set(spec["draws"].dropna())) if "draws" in spec.columns else []
         parts.append("oracle alpha=" + "/".join(f"{a:.2f}" for a in sorted(set(spec["alpha"].dropna())))
-                     + (f" ({'/'.join(modes)})" if modes else ""))
+                     + (f" ({', '.join(modes)})" if modes else ""))
     if "measured" in kinds:
         parts.append("measured acceptance (PNG drafter)")
     return ", ".join(parts)
 
 
 def tab5_table(df: pd.DataFrame) -> pd.DataFrame:
-    """(line x set) table of measured tokens/s and speedup, for the plot and the README."""
-    data = ok_rows(df)
-    return data.pivot_table(index=["model", "line"], columns="set", values=["tokens_per_s", "speedup"], sort=False)
+    """(line x set) table of tokens/s and speedup, measured and (where the rows have them) designed, for the README."""
+    data = line_labels(ok_rows(df))
+    values = [c for c in ("tokens_per_s", "tokens_per_s_designed", "speedup", "speedup_designed") if c in data.columns]
+    return data.pivot_table(index=["model", "line"], columns="set", values=values, sort=False)
 
 
 def plot_snl_tab5(df: pd.DataFrame, out: Path) -> None:
-    """Per model: grouped bars of tokens/s per prompt set and line, each bar labelled with its speedup over
-    autoregressive and the paper's (Table 5); skipped sets are named with why."""
+    """Per model: grouped bars of tokens/s per prompt set and line (at the designed acceptance for oracle lines,
+    measured tokens/s as markers), each labelled with its speedup over autoregressive; the paper's Table 5
+    speedups in a panel of their own; skipped sets are named with why."""
     if "status" not in df.columns or ok_rows(df).empty:
         raise ValueError("snl_tab5_e2e: no measured rows to plot")
-    data = ok_rows(df)
+    data = line_labels(ok_rows(df))
     models = list(dict.fromkeys(data["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(7.5 * len(models), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(7.5 * len(models) + 4.5, 4.6), squeeze=False,
+                             gridspec_kw=dict(width_ratios=[7.5] * len(models) + [4.5]))
     for ax, model in zip(axes[0], models):
         g = data[data["model"] == model]
+        designed = has_designed(g)
         sets = list(dict.fromkeys(g["set"]))
         lines = list(dict.fromkeys(g["line"]))
         w = 0.8 / len(lines)
@@ -63,53 +85,81 @@ def plot_snl_tab5(df: pd.DataFrame, out: Path) -> None:
         for i, line in enumerate(lines):
             pts = g[g["line"] == line].set_index("set").reindex(sets)
             strategy = str(pts["strategy"].dropna().iloc[0])
-            bars = ax.bar(x + (i - (len(lines) - 1) / 2) * w, pts["tokens_per_s"].fillna(0), w,
-                          color=COLORS.get(strategy, "C2"), label=line)
-            for bar, (_, r) in zip(bars, pts.iterrows()):
-                if pd.isna(r.get("speedup")) or r["drafts"] == 0:
+            xi = x + (i - (len(lines) - 1) / 2) * w
+            bars = ax.bar(xi, tokens_per_s(pts).fillna(0), w, color=COLORS.get(strategy, "C2"), label=line)
+            spec = pts["drafts"].fillna(0) > 0
+            if designed and spec.any():
+                ax.scatter(xi[spec.to_numpy()], pts["tokens_per_s"][spec], marker="o", s=12, color="k", zorder=3,
+                           label=MEASURED_MARK if i == len(lines) - 1 else None)
+            for bar, (_, r), up in zip(bars, pts.iterrows(), speedup(pts)):
+                if pd.isna(up) or r["drafts"] == 0:
                     continue
-                paper = r.get("paper_speedup")
-                text = f"{r['speedup']:.2f}x\n{r['mean_accepted']:.2f} acc"
-                if paper is not None and not pd.isna(paper):
-                    text += f"\n(paper {paper:.2f}x)"
-                ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
-                            fontsize=6)
+                acc = (f"{r['expected_accepted']:.2f} designed / {r['mean_accepted']:.2f} measured acc" if designed
+                       else f"{r['mean_accepted']:.2f} acc")
+                ax.annotate(f"{up:.2f}x\n{acc}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                            va="bottom", fontsize=5)
         skipped = df[(df["model"] == model) & (df["status"] == "skipped")]
         notes = [f"{s}: skipped, " + ("not on disk (python -m ssmspec.data.fetch)" if "ssmspec.data.fetch" in str(r)
                                       else str(r)[:80])
                  for s, r in dict(zip(skipped["set"], skipped["reason"])).items() if s not in sets]
         ax.set_xticks(x, sets)
-        ax.margins(y=0.3)
+        ax.margins(y=0.35)
+        what = f", tokens/s at the {DESIGNED}" if designed else ""
         ax.set(ylabel="decode tokens / s", title=f"{model}: {acceptance_note(g)}, batch "
-               f"{'/'.join(str(int(b)) for b in sorted(set(g['batch'])))}, {int(g['new_tokens'].iloc[0])} new tokens")
-        ax.legend(fontsize=7, loc="upper left")
+               f"{'/'.join(str(int(b)) for b in sorted(set(g['batch'])))}, {int(g['new_tokens'].iloc[0])} new tokens"
+               f"{what}")
+        ax.title.set_fontsize(7)
+        ax.legend(fontsize=6, loc="upper left")
         if notes:
             ax.text(0.99, 0.98, "\n".join(notes), transform=ax.transAxes, ha="right", va="top", fontsize=6,
                     bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
-    _finish(fig, df, "Snakes and Ladders Table 5: end-to-end decode throughput with PNG drafts "
-            "(paper mean 1.82x joint, 1.64x ARP)", out)
+    _paper_tab5(axes[0][-1])
+    note = "\n".join(t for t in (within_note(data), rerun_note(df)) if t)
+    _finish(fig, df, "Snakes and Ladders Table 5: end-to-end decode throughput, 2 drafts of 6 tokens a sequence",
+            out, note=note)
+
+
+def _paper_tab5(ax) -> None:
+    """Seed 001's Table 5 speedups per set and strategy (its own panel: measured acceptance, other hardware)."""
+    sets = list(PAPER_TAB5["autoregressive"])
+    strategies = [s for s in PAPER_TAB5 if s != "autoregressive"]
+    w = 0.8 / len(strategies)
+    for i, strategy in enumerate(strategies):
+        ups = [PAPER_TAB5[strategy][s] / PAPER_TAB5["autoregressive"][s] for s in sets]
+        bars = ax.bar(np.arange(len(sets)) + (i - (len(strategies) - 1) / 2) * w, ups, w,
+                      color=COLORS.get(strategy, "C2"), label=f"{SHORT.get(strategy, strategy)} + PNG(6,2)")
+        for bar, up in zip(bars, ups):
+            ax.annotate(f"{up:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                        va="bottom", fontsize=6)
+    ax.set_xticks(np.arange(len(sets)), sets)
+    ax.margins(y=0.25)
+    ax.set_ylabel("speedup over autoregressive")
+    ax.set_title(PAPER, fontsize=7)
+    ax.legend(fontsize=6, loc="upper left")
 
 
 def fig4_best(data: pd.DataFrame) -> pd.DataFrame:
-    """Per (model, strategy, batch): the draft count with the highest tokens/s and its gain over autoregressive
-    (draft count 0 included: a gain of 0 means speculation does not pay at that batch)."""
+    """Per (model, strategy, batch): the draft count with the highest tokens/s (at the designed acceptance where the
+    rows have it, ``plots/designed.py``) and its gain over autoregressive (draft count 0 included: a gain of 0
+    means speculation does not pay at that batch)."""
     out = []
+    data = data.assign(value=tokens_per_s(data))
     for (model, batch), g in data.groupby(["model", "batch"], sort=True):
         ar = g[g["drafts"] == 0]
         if ar.empty:
             continue
         for strategy, s in g[g["drafts"] > 0].groupby("strategy", sort=False):
-            best = pd.concat([ar, s]).sort_values("tokens_per_s", ascending=False).iloc[0]
+            best = pd.concat([ar, s]).sort_values("value", ascending=False).iloc[0]
             out.append(dict(model=model, strategy=strategy, batch=int(batch), best_drafts=int(best["drafts"]),
-                            tokens_per_s=float(best["tokens_per_s"]), ar_tokens_per_s=float(ar["tokens_per_s"].iloc[0]),
-                            gain=float(best["tokens_per_s"] / ar["tokens_per_s"].iloc[0] - 1.0)))
+                            tokens_per_s=float(best["value"]), ar_tokens_per_s=float(ar["tokens_per_s"].iloc[0]),
+                            gain=float(best["value"] / ar["tokens_per_s"].iloc[0] - 1.0)))
     return pd.DataFrame(out)
 
 
 def plot_snl_fig4(df: pd.DataFrame, out: Path) -> None:
     """Per model, seed 001 Fig. 4's two panels: (left) the gain over autoregressive at the best draft count per
     batch and strategy, labelled with that count; (right) tokens/s vs drafts per sequence, a line per batch."""
-    data = ok_rows(df)
+    data = line_labels(ok_rows(df))
     if data.empty:
         raise ValueError("snl_fig4_multiseq: no measured rows to plot")
     models = list(dict.fromkeys(data["model"]))
@@ -130,12 +180,15 @@ def plot_snl_fig4(df: pd.DataFrame, out: Path) -> None:
                 if not pd.isna(r["gain"]):
                     left.annotate(f"D={int(r['best_drafts'])}\n{r['tokens_per_s']:.0f}/s", (bar.get_x() + bar.get_width() / 2,
                                   max(bar.get_height(), 0)), ha="center", va="bottom", fontsize=6)
-        left.axhline(100 * PAPER_FIG4_GAIN, color="0.3", ls=":", lw=1, label=f"paper: up to +{PAPER_FIG4_GAIN:.0%}")
         left.axhline(0, color="0.5", lw=0.8)
         left.set_xticks(x, [str(v) for v in batches])
         left.margins(y=0.25)
+        designed = has_designed(g)
         left.set(xlabel="batch size", ylabel="throughput gain at the best draft count (%)",
-                 title=f"{model}: {acceptance_note(g)}")
+                 title=f"{model}: {acceptance_note(g)}" + (f"\ngains at the {DESIGNED}" if designed else ""))
+        left.title.set_fontsize(8)
+        left.text(0.01, 0.98, f"{PAPER}: up to +{PAPER_FIG4_GAIN:.0%}", transform=left.transAxes, ha="left",
+                  va="top", fontsize=6, bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
         left.legend(fontsize=7, loc="upper right")
         cmap = plt.get_cmap("viridis")
         for j, batch in enumerate(batches):
@@ -143,13 +196,22 @@ def plot_snl_fig4(df: pd.DataFrame, out: Path) -> None:
             ar = g[(g["batch"] == batch) & (g["drafts"] == 0)]
             for strategy, style in zip(strategies, ("-", "--", ":")):
                 pts = pd.concat([ar, g[(g["batch"] == batch) & (g["strategy"] == strategy)]]).sort_values("drafts")
-                right.plot(pts["drafts"], pts["tokens_per_s"], style, marker="o", ms=3, color=color,
+                right.plot(pts["drafts"], tokens_per_s(pts), style, marker="o", ms=3, color=color,
                            label=f"B={batch} {SHORT.get(strategy, strategy)}")
+                if designed:
+                    spec = pts[pts["drafts"] > 0]
+                    right.scatter(spec["drafts"], spec["tokens_per_s"], marker="x", s=10, color=color, zorder=3)
         right.set_yscale("log")
         right.set_xticks(sorted({int(v) for v in g["drafts"]}))
-        right.set(xlabel="drafts per sequence (0 = autoregressive)", ylabel="decode tokens / s",
+        if designed:
+            right.scatter([], [], marker="x", color="k", label=MEASURED_MARK)
+        right.set(xlabel="drafts per sequence (0 = autoregressive)",
+                  ylabel="decode tokens / s" + (" (curves: designed acceptance)" if designed else ""),
                   title=f"S = {int(g[g['drafts'] > 0]['S'].max()) if (g['drafts'] > 0).any() else 0} tokens per draft, "
                         f"{int(g['new_tokens'].iloc[0])} new tokens per sequence")
+        right.title.set_fontsize(8)
         right.grid(alpha=0.3, which="both")
         right.legend(fontsize=5, ncol=2, loc="best")
-    _finish(fig, df, "Snakes and Ladders Fig. 4: multi-sequence speculation, throughput vs drafts per sequence", out)
+    note = "\n".join(t for t in (within_note(data), rerun_note(df)) if t)
+    _finish(fig, df, "Snakes and Ladders Fig. 4: multi-sequence speculation, throughput vs drafts per sequence", out,
+            note=note)
