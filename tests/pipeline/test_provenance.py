@@ -270,3 +270,35 @@ def test_stale_unknown_commit_and_the_command(results_repo, monkeypatch, capsys)
     assert provenance._main(["stale", "--profile", "cpu", "demo"]) == 0  # a report
     assert "stale: 1 file: conf/experiment/demo.yaml" in capsys.readouterr().out
     assert provenance._main(["stale", "--profile", "cpu", "--check"]) == 1
+
+
+def test_declared_bench_and_drafting_modules_declare_what_they_import():
+    """A bench or drafting module a result depends on pulls in the bench / drafting modules it imports at
+    module level (e2e.py -> designed.py, oracle.py -> weyl.py): a helper split out of a declared module, or
+    a new one it calls, is declared too (over-declaring only marks results stale sooner)."""
+    import ast
+    import fnmatch
+
+    from ssmspec.registry import experiments
+
+    def imported(path):
+        for node in ast.parse((ROOT / path).read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[:2] in (
+                    ["ssmspec", "bench"], ["ssmspec", "drafting"]):
+                target = "src/" + node.module.replace(".", "/") + ".py"
+                if (ROOT / target).is_file():
+                    yield target
+
+    def covered(f, decl):
+        return any(f == d or (d.endswith("/") and f.startswith(d)) or fnmatch.fnmatch(f, d) for d in decl)
+
+    for exp in experiments():
+        decl = list(exp.decided_by)
+        todo = [d for d in decl if d.endswith(".py") and ("/bench/" in d or "/drafting/" in d)]
+        missing = set()
+        while todo:
+            for target in imported(todo.pop()):
+                if not covered(target, decl) and target not in missing:
+                    missing.add(target)
+                    todo.append(target)
+        assert not missing, f"conf/experiment/{exp.id}.yaml decided_by lacks {sorted(missing)}"
