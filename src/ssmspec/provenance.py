@@ -142,24 +142,55 @@ def record(root: Path = ROOT) -> dict:
             "source_hash": source, "source_paths": list(SOURCE_PATHS), "source_commit": commit, "source_check": check}
 
 
+def find_commit(source: str, root: Path = ROOT, *, limit: int = 500) -> str | None:
+    """The commit, among the last ``limit`` of HEAD (first parents), that introduced the source tree hashed
+    ``source`` (the oldest of the newest run of commits with that tree: commits of results or docs after it
+    keep the tree), or None."""
+    out = _git(["rev-list", "--first-parent", "-n", str(limit), "HEAD"], root)
+    found = None
+    for sha in (out or "").split():
+        if commit_hash(sha, root) == source:
+            found = sha
+        elif found is not None:
+            break
+    return found
+
+
+def ran_commit(env: dict, root: Path = ROOT) -> tuple[str | None, str | None]:
+    """(the commit whose source tree ran, a note) for an env.json dict with a ``source_hash``: the commit the
+    record names when its tree is the one that ran; else the commit of this clone with that exact tree (a
+    wrong ``SSMSPEC_GIT_SHA`` hint: the note says so); (None, why) when no commit has it."""
+    source = env["source_hash"]
+    sha = env.get("source_commit") or env.get("git_sha")
+    named = resolve_commit(sha, root) if sha and sha != "unknown" else None
+    if named is not None and commit_hash(named, root) == source:
+        return named, None
+    found = find_commit(source, root)
+    if found is not None:
+        return found, f"ran commit {found[:10]}, whose tree has this source hash (the record names {str(sha)[:10]})"
+    if named is None and sha and sha != "unknown":
+        return None, f"commit {sha[:10]} is not in this clone (a shallow clone?) and no recent commit has this tree"
+    return None, (f"the source that ran ({source[:19]}...) is no recent commit's (the record names "
+                  f"{str(sha)[:10]}): the run had uncommitted changes; rerun it from a commit")
+
+
 def check_record(env: dict, root: Path = ROOT) -> str | None:
     """Why ``env`` (an env.json dict) does not describe a commit of this checkout, or None where it does.
 
-    A record without ``source_hash`` predates this check and passes (None). A record whose commit is not in
-    this clone's history (a shallow clone) cannot be checked and passes too."""
-    source = env.get("source_hash")
-    if not source:
+    The commit is the one the record names when its tree matches, else any recent commit with exactly the tree
+    that ran (``ran_commit``: the hash is computed where the run happened; the sha is only a hint). A record
+    without ``source_hash`` predates this check and passes (None); so does one whose commit is missing from a
+    shallow clone."""
+    if not env.get("source_hash"):
         return None
     sha = env.get("source_commit") or env.get("git_sha")
     if not sha or sha == "unknown":
         return "the run recorded no commit; rerun it from a commit (set SSMSPEC_GIT_SHA on a copy without git)"
-    if resolve_commit(sha, root) is None:
+    commit, why = ran_commit(env, root)
+    if commit is None and resolve_commit(sha, root) is None and _git(
+            ["rev-parse", "--is-shallow-repository"], root) == "true\n":
         return None
-    at_commit = commit_hash(sha, root)
-    if at_commit != source:
-        return (f"the source that ran ({source[:19]}...) is not commit {sha[:10]}'s ({str(at_commit)[:19]}...): "
-                f"the run had uncommitted changes or a wrong SSMSPEC_GIT_SHA; rerun it from a commit")
-    return None
+    return None if commit is not None else why
 
 
 # stale reference results ----------------------------------------------------------------------------
@@ -335,14 +366,18 @@ def _main(argv: list[str] | None = None) -> int:
         n_stale = sum(r.status == STALE for r in rows)
         print(f"\n{n_stale} of {len(rows)} reference results stale")
         return 1 if args.check and n_stale else 0
-    files = [Path(p) for p in args.env] or sorted(RESULTS_DIR.glob("*/*/env.json"))
+    files = [Path(p) for p in args.env] or sorted(RESULTS_DIR.glob("*/*/env.json")) + sorted(
+        RESULTS_DIR.glob("*/env.json"))
     bad = 0
     for f in files:
-        why = check_record(json.loads(f.read_text()))
+        env = json.loads(f.read_text())
+        why = check_record(env)
         if why:
             bad += 1
             print(f"{f}: {why}", file=sys.stderr)
-    print(f"{len(files) - bad} of {len(files)} records describe their commit (or predate the source hash)")
+        elif env.get("source_hash") and ran_commit(env)[1]:
+            print(f"{f}: {ran_commit(env)[1]}")
+    print(f"{len(files) - bad} of {len(files)} records name the commit whose tree ran (or predate the source hash)")
     return 1 if bad else 0
 
 

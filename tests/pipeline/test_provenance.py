@@ -302,3 +302,23 @@ def test_declared_bench_and_drafting_modules_declare_what_they_import():
                     missing.add(target)
                     todo.append(target)
         assert not missing, f"conf/experiment/{exp.id}.yaml decided_by lacks {sorted(missing)}"
+
+
+def test_a_wrong_hint_is_named_and_the_tree_still_finds_its_commit(repo, monkeypatch):
+    """A device run whose SSMSPEC_GIT_SHA named an older commit: the record says mismatch; the source hash
+    still identifies the commit whose tree ran (the one that introduced it, not a later results commit)."""
+    first = _git(repo, "rev-parse", "HEAD")
+    (repo / "src" / "pkg" / "a.py").write_text("x = 2\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "code")
+    code = _git(repo, "rev-parse", "HEAD")
+    (repo / "README.md").write_text("results of that code\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "results")
+    monkeypatch.setenv("SSMSPEC_GIT_SHA", first)
+    rec = provenance.record(repo)
+    assert rec["source_check"] == "mismatch" and rec["git_sha"] == first
+    assert provenance.check_record(rec, repo) is None
+    commit, note = provenance.ran_commit(rec, repo)
+    assert commit == code and code[:10] in note and first[:10] in note
+    (repo / "src" / "pkg" / "a.py").write_text("x = 3\n")  # never committed: no commit has this tree
+    why = provenance.check_record(provenance.record(repo), repo)
+    assert why is not None and "uncommitted" in why
