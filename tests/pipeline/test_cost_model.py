@@ -12,10 +12,11 @@ import pytest
 
 from ssmspec.bench.cost_model_scoring import (CHOOSERS, GOAL_AT_BATCH, best_fixed, compare, heldout_rows,
                                               nearest_fitted, nearest_pick, verdict)
+from ssmspec.drafting.oracle import expected_accepted
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["experiment=cost_model", "profile=cpu", "bench.warmup=0", "bench.iters=2", "bench.prompt_len=4",
-         "bench.strategies=[replay]", "bench.S=[2]", "bench.D=[1]",
+         "bench.strategies=[replay]", "bench.S=[2]", "bench.D=[2]",
          "bench.single_draft=[]", "bench.fit_batch=[1,2]", "bench.heldout_batch=[3]",
          "bench.eval_seeds=[1,2]", "bench.min_sequence_steps=4"]
 
@@ -36,7 +37,7 @@ def test_fit_then_three_choosers_scored_on_held_out_batches(cli, tmp_path):
     assert status == 0, err
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     meas = [r for r in rows if r["kind"] == "measure"]
-    settings = ("autoregressive", "replay S=2 D=1")
+    settings = ("autoregressive", "replay S=2 D=2")
     # the fit's batches at the fit seed; the held-out batch only, once per evaluation seed
     assert {(r["phase"], r["seed"], r["batch"], r["setting"]) for r in meas} == {
         *(("fit", 0, b, s) for b in (1, 2) for s in settings), *(("eval", k, 3, s) for k in (1, 2) for s in settings)}
@@ -47,6 +48,11 @@ def test_fit_then_three_choosers_scored_on_held_out_batches(cli, tmp_path):
         expect = 1000 * r["batch"] * (1 + r["expected_accepted"]) / r["ms_p50"]
         assert r["tokens_per_s_at_alpha"] == pytest.approx(expect)
         assert r["acceptance"] == "oracle" and r["oracle"] == "forced" and r["alpha"] == 0.7
+        # the designed columns take the best of D chains' law, as expected_accepted does (not one chain's)
+        assert r["expected_accepted"] == pytest.approx(expected_accepted(0.7, draft_len=2, num_drafts=2))
+        assert r["tokens_per_s_designed"] == pytest.approx(
+            r["sequence_steps"] * (1 + r["expected_accepted"]) / (sum(r["samples_ms"]) * 1e-3))
+        assert r["accepted_gap"] == pytest.approx(r["mean_accepted"] / r["expected_accepted"] - 1)
     fits = {r["strategy"]: r for r in rows if r["kind"] == "fit"}
     assert set(fits) == {"autoregressive", "replay"}
     assert all(min(r[t] for t in ("a", "a_L", "b", "c", "d", "e")) >= 0 for r in fits.values())

@@ -120,11 +120,12 @@ def _measure(model, setting: Setting, *, batch: int, ids, reference, H: int, b: 
         eng = Engine(model, batch=batch, prefill_len=ids.shape[1], max_new_tokens=H, strategy=setting.strategy,
                      drafter=drafter, spec=spec, cuda_graph=graph)
         eng.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
-        row = throughput_row(eng, warmup=int(b.warmup), iters=_iters(b, batch),
-                             reference=reference if setting.S else None, oracle_alpha=float(b.alpha), **base,
-                             planned_bytes=need)
+        # the best of D chains: its designed columns (bench/designed.py) take this law, not one chain's
         expect = expected_accepted(float(b.alpha), draft_len=setting.S, num_drafts=setting.D) if setting.S else 0.0
-        row.update(expected_accepted=expect, tokens_per_s_at_alpha=1000.0 * batch * (1 + expect) / row["ms_p50"])
+        row = throughput_row(eng, warmup=int(b.warmup), iters=_iters(b, batch),
+                             reference=reference if setting.S else None, oracle_alpha=float(b.alpha),
+                             expected=expect if setting.S else None, **base, planned_bytes=need)
+        row.update(tokens_per_s_at_alpha=1000.0 * batch * (1 + expect) / row["ms_p50"])
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not _is_oom(e):
             raise
