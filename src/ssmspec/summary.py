@@ -54,6 +54,10 @@ class ExperimentSummary:
     rows: int = 0
     statuses: tuple[tuple[str, int], ...] = ()  # (status, rows), ok first
     groups: tuple[SkipGroup, ...] = ()
+    timed: int = 0  # rows that record their timed loop's wall clock (``wall_flag``, bench/timing.py wall_check)
+    wall_flagged: int = 0  # ... whose wall clock is more than 2% off their summed step events
+    designed: int = 0  # oracle rows with a designed acceptance band (``accepted_within``, bench/designed.py)
+    off_design: int = 0  # ... whose measured mean accepted length is outside it
 
 
 def missing_baseline(reason: str) -> str | None:
@@ -104,7 +108,11 @@ def summarize_rows(exp_id: str, rows: list[dict]) -> ExperimentSummary:
         where = "; ".join(f"{f}={_values(members, f)}" for f in fields if any(f in r for r in members))
         out.append(SkipGroup(status, reason, len(members), where, missing_baseline(reason),
                              members[0].get("profile")))
-    return ExperimentSummary(exp_id, "ok", len(rows), tuple(statuses), tuple(out))
+    timed = [r for r in rows if r.get("wall_flag") is not None]
+    designed = [r for r in rows if r.get("accepted_within") is not None]
+    return ExperimentSummary(exp_id, "ok", len(rows), tuple(statuses), tuple(out), timed=len(timed),
+                             wall_flagged=sum(bool(r["wall_flag"]) for r in timed), designed=len(designed),
+                             off_design=sum(not r["accepted_within"] for r in designed))
 
 
 def summarize_dir(exp_id: str, run_dir: Path) -> ExperimentSummary:
@@ -171,6 +179,12 @@ def render(summaries: list[ExperimentSummary], title: str = "summary") -> str:
         lines.append(f"{s.id:<{width}}  {result:<10}  {rows:>5}  {statuses}")
         for g in s.groups:
             lines.append(f"{'':<{width}}    {g.status} {g.rows}: {g.where or '(all rows)'} -- {g.reason}")
+        if s.wall_flagged:
+            lines.append(f"{'':<{width}}    wall clock: {s.wall_flagged} of {s.timed} timed loops took more than 2% "
+                         f"longer or shorter than their summed step events (wall_flag: the device sat idle)")
+        if s.off_design:
+            lines.append(f"{'':<{width}}    acceptance: {s.off_design} of {s.designed} oracle rows measured a mean "
+                         f"accepted length more than 2% off the designed one (accepted_within)")
     return "\n".join(lines)
 
 

@@ -81,6 +81,17 @@ def test_render_lists_every_experiment_its_rows_and_every_skip():
     assert "oom 1: phase=decode; batch=64" in text
 
 
+def test_wall_clock_flags_and_off_design_acceptance_are_counted_and_rendered():
+    rows = [dict(experiment="e2e", batch=b, status="ok", wall_flag=b == 4, accepted_within=b != 8)
+            for b in (1, 4, 8)] + [dict(experiment="e2e", batch=16, status="ok")]
+    s = summary.summarize_rows("e2e", rows)
+    assert (s.timed, s.wall_flagged, s.designed, s.off_design) == (3, 1, 3, 1)
+    text = summary.render([s])
+    assert "wall clock: 1 of 3 timed loops" in text and "acceptance: 1 of 3 oracle rows" in text
+    quiet = summary.render([summary.summarize_rows("e2e", [dict(status="ok", wall_flag=False)])])
+    assert "wall clock" not in quiet and "acceptance" not in quiet
+
+
 def test_long_value_lists_are_cut():
     rows = [dict(batch=b, status="skipped", reason="r") for b in range(12)] + [dict(batch=99, status="ok")]
     (g,) = summary.summarize_rows("x", rows).groups
