@@ -14,8 +14,8 @@ import pandas as pd
 from ssmspec.engine.memory import fmt_bytes
 from ssmspec.plots.style import ok_rows, provenance
 
-# seed 000: replay spec 1.87-1.96x over standard decoding (Fig. 8); 3.0-3.3x snapshot's batch (Fig. 11)
-PAPER_FIG8 = (1.87, 1.96)
+# seed 000: 3.0-3.3x snapshot's batch (Fig. 11, memory alone). Its Fig. 8 speedups (1.87-1.96x) rest on the
+# acceptance its MTP drafters measured; ours on the oracle's designed one, so the figure does not quote them.
 GOAL_P6 = 2.0  # replay spec / autoregressive at batch 256
 GOAL_BATCH = 256
 PAPER_FIG11 = (3.0, 3.3)
@@ -91,8 +91,9 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
         if at:
             (line, _), best = max(at.items(), key=lambda kv: kv[1])
             mark = "met" if best >= GOAL_P6 else "missed"
-            notes.insert(0, f"batch {GOAL_BATCH}: {line} {best:.2f}x autoregressive (goal P6 >= {GOAL_P6}x: {mark}; "
-                            f"paper {PAPER_FIG8[0]}-{PAPER_FIG8[1]}x)")
+            # at the oracle's designed acceptance: never set beside the paper's measured one (MTP drafters)
+            notes.insert(0, f"batch {GOAL_BATCH}: {line} {best:.2f}x autoregressive at the designed acceptance "
+                            f"(goal P6 >= {GOAL_P6}x: {mark})")
         elif spec:
             b, best = max(((k[1], v) for k, v in spec.items()), key=lambda kv: kv[0])
             notes.insert(0, f"largest batch {b}: best replay spec {best:.2f}x autoregressive (no batch {GOAL_BATCH})")
