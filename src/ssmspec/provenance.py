@@ -340,6 +340,16 @@ def format_report(rows: list[Staleness]) -> str:
     return "\n".join("  ".join([*(c.ljust(w) for c, w in zip(row[:4], widths)), row[4]]) for row in table)
 
 
+def format_markdown(rows: list[Staleness]) -> str:
+    """The same as a Markdown table (the README's "Reference results" holds it; a test regenerates it)."""
+    out = ["| experiment | profile | device | measured at | at this code |", "|---|---|---|---|---|"]
+    for r in rows:
+        state = "current" if r.status == CURRENT else r.status if r.status != STALE else \
+            f"stale ({len(r.files)} deciding file{'s' if len(r.files) != 1 else ''} changed)"
+        out.append(f"| {r.id} | {r.profile} | {r.device_name} | {(r.commit or 'none')[:7]} | {state} |")
+    return "\n".join(out)
+
+
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmspec.provenance", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -350,6 +360,7 @@ def _main(argv: list[str] | None = None) -> int:
                                       "the files that decide them (experiment.decided_by)")
     st.add_argument("ids", nargs="*", metavar="ID", help="experiment ids (default: all)")
     st.add_argument("--profile", choices=("cpu", "gpu"), help="one profile (default: both)")
+    st.add_argument("--markdown", action="store_true", help="a Markdown table (as README.md holds it)")
     st.add_argument("--check", action="store_true",
                     help="exit 1 when any result is stale (an unknown commit, as in a shallow clone, does not fail)")
     args = ap.parse_args(argv)
@@ -362,9 +373,12 @@ def _main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        print(format_report(rows))
         n_stale = sum(r.status == STALE for r in rows)
-        print(f"\n{n_stale} of {len(rows)} reference results stale")
+        if args.markdown:
+            print(format_markdown(rows))
+        else:
+            print(format_report(rows))
+            print(f"\n{n_stale} of {len(rows)} reference results stale")
         return 1 if args.check and n_stale else 0
     files = [Path(p) for p in args.env] or sorted(RESULTS_DIR.glob("*/*/env.json")) + sorted(
         RESULTS_DIR.glob("*/env.json"))

@@ -322,3 +322,30 @@ def test_a_wrong_hint_is_named_and_the_tree_still_finds_its_commit(repo, monkeyp
     (repo / "src" / "pkg" / "a.py").write_text("x = 3\n")  # never committed: no commit has this tree
     why = provenance.check_record(provenance.record(repo), repo)
     assert why is not None and "uncommitted" in why
+
+
+def _is_full_clone() -> bool:
+    return not _is_shallow() and provenance.resolve_commit("HEAD", ROOT) is not None
+
+
+@pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's history (a full clone)")
+def test_readme_states_which_gpu_references_describe_this_code():
+    """README.md's "Reference results" table is what `python -m ssmspec.provenance stale --profile gpu
+    --markdown` prints for this checkout: a GPU number it quotes is marked current only if the files that decide
+    it are unchanged since it was measured (regenerate the table after a change, or rerun the experiment)."""
+    text = (ROOT / "README.md").read_text()
+    begin, end = "<!-- reference-status:begin -->\n", "<!-- reference-status:end -->"
+    assert begin in text and end in text, "README.md lost its reference-status markers"
+    table = text.split(begin)[1].split(end)[0].strip()
+    expected = provenance.format_markdown(provenance.stale_report(None, ["gpu"]))
+    assert table == expected, ("README.md's reference table is out of date; paste the output of "
+                               "`python -m ssmspec.provenance stale --profile gpu --markdown`")
+
+
+@pytest.mark.skipif(not _is_full_clone(), reason="needs the repository's history (a full clone)")
+def test_cpu_references_describe_this_code():
+    """The CPU references are cheap to rerun (`make reproduce PROFILE=cpu SAVE_REFERENCE=1`): every one of them
+    was measured on the files that decide it as they are now."""
+    stale = [r for r in provenance.stale_report(None, ["cpu"]) if r.status != provenance.CURRENT]
+    assert not stale, ("stale CPU references (rerun `make reproduce PROFILE=cpu SAVE_REFERENCE=1`): "
+                       + "; ".join(f"{r.id}: {r.label}" for r in stale))
