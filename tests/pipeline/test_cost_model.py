@@ -210,3 +210,21 @@ def test_miss_and_comparison_rules_weigh_the_spread_over_seeds():
     assert compare([1.0, 1.0, 1.0], [0.95, 0.96, 0.95])[0] == "better"
     assert compare([0.95, 0.96, 0.95], [1.0, 1.0, 1.0])[0] == "worse"
     assert compare([1.0, 0.9], [0.9, 1.0])[0] == "same within noise"
+
+
+def test_the_readme_policy_command_prints_the_committed_picks(cli):
+    """README: `ssmspec policy --fit results/cost_model/cpu/results.jsonl --batch <held-out> --alpha 0.7` prints
+    the picks the committed reference scored for the policy."""
+    from ssmspec.paths import RESULTS_DIR, ROOT
+
+    path = RESULTS_DIR / "cost_model" / "cpu" / "results.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    (split,) = [r for r in rows if r["kind"] == "split"]
+    picks = {r["batch"]: r["setting"] for r in rows if r["kind"] == "policy"}
+    status, text, _ = cli("policy", "--fit", str(path), "--batch", *map(str, split["heldout_batches"]),
+                          "--alpha", str(split["alpha"]))
+    assert status == 0
+    for b in split["heldout_batches"]:
+        assert f"batch {b}: {picks[b]} (" in text
+    readme = (ROOT / "README.md").read_text()
+    assert "--batch " + " ".join(map(str, split["heldout_batches"])) + " --alpha 0.7" in readme
