@@ -44,9 +44,8 @@ class _State:
         self.results_dir = results_dir  # the user's results_dir, absolute (None: Hydra names the run dir)
         self.preexisting = results_dir is not None and results_dir.exists()  # never removed on failure
         self.created: list[Path] = []  # directories this invocation made (removed again on failure)
-        self.sweep_dir: Path | None = None  # a sweep's directory, as it starts (hydra_callbacks.SweepStart)
+        self.sweep_dir: Path | None = None  # a sweep's directory (hydra_callbacks.SweepStart, then each job)
         self.multirun = multirun
-        self.sweep: Path | None = None  # a multirun's sweep directory
         self.done: list[tuple[Path, int]] = []  # (run directory, job number) of the jobs that finished
         self.current: tuple[Path, int] | None = None  # the job running now
 
@@ -62,7 +61,7 @@ class _State:
         stopped = f"; nothing of job #{self.current[1]} was written" if self.current else ""
         if self.done:
             jobs = ", ".join(f"#{n}" for _, n in self.done)
-            sweep = paths.shown(self.sweep or self.done[0][0].parent)
+            sweep = paths.shown(self.sweep_dir or self.done[0][0].parent)
             return f"job(s) {jobs} finished and are kept in {sweep}{stopped}"
         return "nothing of this sweep was written" + kept
 
@@ -195,15 +194,6 @@ def _check_launcher(overrides: list[str]) -> None:
                          f"Slurm ({' and '.join(absent)} not on PATH): run it on the cluster's login node; {_LAUNCH_HERE}")
 
 
-def _prune_empty(path: Path, stop: Path) -> None:
-    """Remove ``path`` and its parents while they are empty, up to (not including) ``stop``."""
-    path, stop = path.absolute(), stop.absolute()
-    while (path != stop and stop in path.parents and path.is_dir() and not any(path.iterdir())
-           and not rundir.locked_by_other(path)):  # an empty folder another run has just made stays
-        path.rmdir()
-        path = path.parent
-
-
 def _job(cfg) -> None:
     """The Hydra task: run the experiment into the job's output directory.
 
@@ -221,7 +211,7 @@ def _job(cfg) -> None:
         _STATE.created.append(out)  # a sweep's job dir is always new
     sweep = Path(hc.sweep.dir).absolute()
     if multirun:
-        _STATE.sweep = sweep
+        _STATE.sweep_dir = sweep
     if multirun and not _STATE.preexisting and sweep not in _STATE.created:
         _STATE.created.insert(0, sweep)
     _STATE.current = (out, int(hc.job.num) if multirun else 0)
@@ -254,7 +244,7 @@ def _cleanup() -> None:
         if not [p for p in d.iterdir() if p.name != "multirun.yaml"]:
             (d / "multirun.yaml").unlink(missing_ok=True)
         stop = Path.cwd().absolute()
-        _prune_empty(d, stop if stop in d.parents else d.parent)
+        rundir.prune_empty(d, stop if stop in d.parents else d.parent)
 
 
 def _unwritable_target(overrides: list[str], results_path: Path | None, multirun: bool) -> str | None:

@@ -117,8 +117,3 @@ def allowed() -> Iterator[None]:
         yield
     finally:
         _gate.depth = depth
-
-
-def stopping() -> bool:
-    """Whether a signal has been raised (the command is cleaning up)."""
-    return _gate.fired

@@ -133,11 +133,9 @@ def record(root: Path = ROOT) -> dict:
         head = out.strip() if out else None
     claimed = hint or head
     check, commit = "unchecked", None
-    if claimed is not None and resolve_commit(claimed, root) is not None:
-        if commit_hash(claimed, root) == source:
-            check, commit = "git", resolve_commit(claimed, root)
-        else:
-            check = "mismatch"
+    full = resolve_commit(claimed, root) if claimed is not None else None
+    if full is not None:
+        check, commit = ("git", full) if commit_hash(full, root) == source else ("mismatch", None)
     return {"git_sha": claimed or "unknown", "git_sha_from": "SSMSPEC_GIT_SHA" if hint else "git" if head else None,
             "source_hash": source, "source_paths": list(SOURCE_PATHS), "source_commit": commit, "source_check": check}
 
@@ -386,11 +384,12 @@ def _main(argv: list[str] | None = None) -> int:
     for f in files:
         env = json.loads(f.read_text())
         why = check_record(env)
+        note = ran_commit(env)[1] if env.get("source_hash") and why is None else None
         if why:
             bad += 1
             print(f"{f}: {why}", file=sys.stderr)
-        elif env.get("source_hash") and ran_commit(env)[1]:
-            print(f"{f}: {ran_commit(env)[1]}")
+        elif note:
+            print(f"{f}: {note}")
     print(f"{len(files) - bad} of {len(files)} records name the commit whose tree ran (or predate the source hash)")
     return 1 if bad else 0
 

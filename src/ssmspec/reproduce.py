@@ -150,7 +150,7 @@ def run_experiments(exps, plan: Plan, queue_slots: list[tuple[str, ...]]) -> lis
         for i in stopped:  # a child killed after STOP_WAIT_S left its staging folder
             rundir.sweep(plan.run_dir(i))
             if not plan.save_reference:
-                _remove_empty(plan.run_dir(i), plan.base)
+                rundir.prune_empty(plan.run_dir(i), plan.base, inclusive=True)
             (plan.base / f"{i}.log").unlink(missing_ok=True)
         e.detail = _stopped_line(plan, finished, failed, stopped, [i for i in ids if i not in started])
         raise
@@ -160,14 +160,6 @@ def run_experiments(exps, plan: Plan, queue_slots: list[tuple[str, ...]]) -> lis
         print(f"  {'ok' if out.ok else 'FAILED':<6} {out.wall_s:8.1f} s  {where(out.devices):<14} {out.job.name}")
     print(f"  {summary(outcomes, wall, len(queue_slots))}", flush=True)
     return [out.job.name for out in outcomes if not out.ok]
-
-
-def _remove_empty(folder: Path, stop: Path) -> None:
-    """Remove ``folder`` and its parents while they are empty, up to and including ``stop``."""
-    folder, stop = folder.absolute(), stop.absolute()
-    while (folder == stop or stop in folder.parents) and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-        folder = folder.parent
 
 
 def _sweep_dead() -> None:
@@ -221,7 +213,7 @@ def reproduce(profile: str | None, only: str | None, *, allow_missing_baselines:
         except rundir.Busy as e:
             return _error(f"{paths.shown(out)} is being written by another reproduction ({e}); wait for it to "
                           f"finish, or run without --save-reference (into runs/reproduce/)")
-        stack.callback(lambda: _remove_empty(plan.base, first_new))
+        stack.callback(lambda: rundir.prune_empty(plan.base, first_new, inclusive=True))
         _sweep_dead()
         return _reproduce(exps, plan, queue_slots, allow_missing_baselines=allow_missing_baselines)
 

@@ -117,11 +117,13 @@ def partial_is_dead(folder: Path) -> bool:
     return age > UNOWNED_GRACE_S and not locked_by_other(folder.parent)
 
 
-def _prune_empty(folder: Path, stop: Path) -> None:
-    """Remove ``folder`` and its parents while they are empty and nobody holds them, up to ``stop``."""
-    while folder != stop and stop in folder.parents and not locked_by_other(folder):
+def prune_empty(folder: Path, stop: Path, *, inclusive: bool = False) -> None:
+    """Remove ``folder`` and its parents while they are empty and no other run holds them, up to ``stop``
+    (``stop`` itself too when ``inclusive``); an empty folder another run has just made stays."""
+    folder, stop = Path(folder).absolute(), Path(stop).absolute()
+    while (stop in folder.parents or (inclusive and folder == stop)) and not locked_by_other(folder):
         try:
-            folder.rmdir()
+            folder.rmdir()  # fails on a folder that is not empty (or gone): the walk ends there
         except OSError:
             return
         folder = folder.parent
@@ -145,7 +147,7 @@ def sweep(top: Path, *, recursive: bool = False, prune: bool = False) -> list[Pa
             break
     if prune:
         for folder in removed:
-            _prune_empty(folder.parent, top)
+            prune_empty(folder.parent, top)
     return removed
 
 
@@ -226,8 +228,9 @@ def holder(folder: Path) -> str:
     for p in sorted(Path(folder).glob(PARTIAL_PREFIX + "*")):
         rec = read_owner(p)
         if rec and owner_alive(rec):
-            if rec.get("host") != socket.gethostname():
-                return f"pid {rec.get('pid')} on {rec.get('host')}, started {rec.get('time')}"
+            if rec.get("host") != socket.gethostname():  # this machine cannot tell whether it still runs
+                return (f"pid {rec.get('pid')} on host {rec.get('host')}, started {rec.get('time')}, may still run "
+                        f"there; remove it by hand if that run has ended")
             return _describe(int(rec["pid"]))
     return "another process"
 

@@ -56,6 +56,7 @@ class ExperimentSummary:
     groups: tuple[SkipGroup, ...] = ()
     timed: int = 0  # rows that record their timed loop's wall clock (``wall_flag``, bench/timing.py wall_check)
     wall_flagged: int = 0  # ... whose wall clock is more than 2% off their summed step events
+    wall_longer: int = 0  # ... of those, the ones whose wall clock is the longer (the device sat idle)
     designed: int = 0  # oracle rows with a designed acceptance band (``accepted_within``, bench/designed.py)
     off_design: int = 0  # ... whose measured mean accepted length is outside it
 
@@ -110,9 +111,10 @@ def summarize_rows(exp_id: str, rows: list[dict]) -> ExperimentSummary:
                              members[0].get("profile")))
     timed = [r for r in rows if r.get("wall_flag") is not None]
     designed = [r for r in rows if r.get("accepted_within") is not None]
+    flagged = [r for r in timed if r["wall_flag"]]
     return ExperimentSummary(exp_id, "ok", len(rows), tuple(statuses), tuple(out), timed=len(timed),
-                             wall_flagged=sum(bool(r["wall_flag"]) for r in timed), designed=len(designed),
-                             off_design=sum(not r["accepted_within"] for r in designed))
+                             wall_flagged=len(flagged), wall_longer=sum((r.get("wall_excess") or 0) > 0 for r in flagged),
+                             designed=len(designed), off_design=sum(not r["accepted_within"] for r in designed))
 
 
 def summarize_dir(exp_id: str, run_dir: Path) -> ExperimentSummary:
@@ -180,11 +182,17 @@ def render(summaries: list[ExperimentSummary], title: str = "summary") -> str:
         for g in s.groups:
             lines.append(f"{'':<{width}}    {g.status} {g.rows}: {g.where or '(all rows)'} -- {g.reason}")
         if s.wall_flagged:
-            lines.append(f"{'':<{width}}    wall clock: {s.wall_flagged} of {s.timed} timed loops took more than 2% "
-                         f"longer or shorter than their summed step events (wall_flag: the device sat idle)")
+            from ssmspec.bench.timing import WALL_TOLERANCE
+
+            shorter = s.wall_flagged - s.wall_longer
+            lines.append(f"{'':<{width}}    wall clock: {s.wall_flagged} of {s.timed} timed loops are more than "
+                         f"{WALL_TOLERANCE:.0%} off their summed step events (wall_flag): {s.wall_longer} longer (the "
+                         f"device sat idle between steps), {shorter} shorter (the step timers overlap)")
         if s.off_design:
+            from ssmspec.bench.designed import ACCEPTED_TOLERANCE
+
             lines.append(f"{'':<{width}}    acceptance: {s.off_design} of {s.designed} oracle rows measured a mean "
-                         f"accepted length more than 2% off the designed one (accepted_within)")
+                         f"accepted length more than {ACCEPTED_TOLERANCE:.0%} off the designed one (accepted_within)")
     return "\n".join(lines)
 
 

@@ -87,7 +87,7 @@ def test_wall_clock_flags_and_off_design_acceptance_are_counted_and_rendered():
     s = summary.summarize_rows("e2e", rows)
     assert (s.timed, s.wall_flagged, s.designed, s.off_design) == (3, 1, 3, 1)
     text = summary.render([s])
-    assert "wall clock: 1 of 3 timed loops" in text and "acceptance: 1 of 3 oracle rows" in text
+    assert "wall clock: 1 of 3 timed loops" in text and "0 longer" in text and "acceptance: 1 of 3 oracle rows" in text
     quiet = summary.render([summary.summarize_rows("e2e", [dict(status="ok", wall_flag=False)])])
     assert "wall clock" not in quiet and "acceptance" not in quiet
 

@@ -2,7 +2,7 @@
 Throughput is decode tokens/s of the engine's steps; a speedup is over the autoregressive line of the same set
 and run. Every panel names its acceptance (oracle at alpha, or measured with the PNG drafter); oracle lines are
 drawn at their designed acceptance with the measured tokens/s of the same steps as markers, and the paper's
-numbers apart (``plots/designed.py``, DESIGN.md section 5)."""
+numbers apart (``plots/designed.py``, docs/design.md, "Drafting and acceptance")."""
 from __future__ import annotations
 
 from pathlib import Path

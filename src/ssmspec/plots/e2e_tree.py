@@ -2,7 +2,7 @@
 tokens/s are tokens over the engine's step times; tau = mean accepted drafts + 1; speedups are over the
 autoregressive line of the same run, model, batch and temperature. Oracle lines are drawn at their designed
 acceptance with the measured numbers of the same steps as markers, and the paper's tables in a panel of their
-own (``plots/designed.py``, DESIGN.md section 5)."""
+own (``plots/designed.py``, docs/design.md, "Drafting and acceptance")."""
 from __future__ import annotations
 
 import textwrap
@@ -32,9 +32,9 @@ def _finish(fig, df: pd.DataFrame, title: str, out: Path, note: str = "") -> Non
     plt.close(fig)
 
 
-def _acceptance_note(g: pd.DataFrame, width: int = 80) -> str:
-    """Where the acceptance came from, wrapped to ``width`` characters."""
-    return textwrap.fill(_acceptance_text(g), width)
+def _acceptance_note(g: pd.DataFrame) -> str:
+    """Where the acceptance came from, wrapped to 80 characters."""
+    return textwrap.fill(_acceptance_text(g), 80)
 
 
 def _acceptance_text(g: pd.DataFrame) -> str:
