@@ -85,7 +85,8 @@ def assert_same(got: DraftTree, want: DraftTree) -> None:
     assert (got.num_chains, got.depth) == (want.num_chains, want.depth)
 
 
-@pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama"])
+@pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama", "tiny-qwen3.5",
+                                          "tiny-qwen3-next"])
 def draft(request):
     return build_model(load_preset(request.param), seed=1, dtype=torch.float64)
 
@@ -103,7 +104,7 @@ def test_propose_device_equals_propose(draft, case):
         want = host.propose(buf.to_lists(), buf.pending())
         got = dev.propose_device(buf)
         assert_same(got, want)
-        assert dev.runner.consumed.tolist() == buf.length.tolist()  # one fixed-width call caught up
+        assert dev.engine.consumed.tolist() == buf.length.tolist()  # the engine followed the buffer
         for b, h in enumerate(buf.to_lists()):  # ground truth at the root: one fresh prefill of the history
             logits = next_logits(draft, h)
             roots = got.tokens[b][got.parents[b] == 0]
@@ -151,7 +152,7 @@ def no_host_sync():
             setattr(torch.Tensor, n, f)
 
 
-@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama"])
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama", "tiny-qwen3.5"])
 @pytest.mark.parametrize("case", list(DRAFTERS))
 def test_propose_device_never_syncs_the_host(preset, case):
     model = build_model(load_preset(preset), seed=1, dtype=torch.float32)
@@ -180,7 +181,7 @@ def test_buffer_beyond_the_kv_budget_is_refused():
 # GPU: no sync under the debug mode, and CUDA-graph replays equal eager calls ------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama"])
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama", "tiny-qwen3.5"])
 @pytest.mark.parametrize("case", list(DRAFTERS))
 def test_captured_propose_device_equals_eager(preset, case):
     """Drafter ``eager`` runs every step under ``set_sync_debug_mode("error")``; drafter ``graphed`` runs the
@@ -216,4 +217,4 @@ def test_captured_propose_device_equals_eager(preset, case):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         assert_same(static, want)
-        assert torch.equal(graphed.runner.consumed, bufs[1].length)
+        assert torch.equal(graphed.engine.consumed, bufs[1].length)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ssmspec.drafting import make_drafter
+from ssmspec.drafting.model_drafter import token_buffer
 from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models.config import load_preset
@@ -21,7 +22,8 @@ NEW = 14
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid"])
+@pytest.fixture(scope="module", params=["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama", "tiny-qwen3.5",
+                                          "tiny-qwen3-next"])
 def models(request):
     cfg = load_preset(request.param)
     draft = build_model(cfg, seed=1, dtype=torch.float64)
@@ -62,30 +64,32 @@ def test_draft_model_chain_is_its_greedy_continuation_after_partial_acceptance(m
     assert tree.chains()[0, 0].tolist() == expect
 
 
-def test_runner_logits_match_fresh_forwards(models):
-    """Absorbing ragged catch-ups (right padding masked), scratch steps and beam reordering give the
-    draft model's logits after each row's path, as one fresh prefill does (fp64 model, fp32 states)."""
+def test_engine_logits_match_fresh_forwards(models):
+    """The draft engine's absorb and depth logits equal one fresh prefill of each row's path: ragged catch-ups
+    (right padding masked; a sequence with nothing new keeps its root), rows moving to other parents (beam
+    reordering, both slot parities), several steps in a row."""
     draft, _, ref = models
-    d = make_drafter("draft_model", draft=draft, draft_len=3)
+    W, S = 2, 4
+    d = make_drafter("beam_tree", draft=draft, beams=W, depth=S)
     d.reset(PROMPTS, batch=2, device="cpu")
-    run = d.runner
-    for k in [(1, 1), (2, 6), (7, 8), (8, 12)]:  # catch-ups of different lengths per sequence
+    eng = d.engine
+    for r_i, k in enumerate([(1, 1), (2, 6), (7, 7), (8, 12), (13, 12)]):  # catch-ups of 0 .. A tokens
         hist = [p + r[:n] for p, r, n in zip(PROMPTS, ref, k)]
-        root = run.absorb(hist)
+        root = eng.absorb(token_buffer(hist, [len(p) for p in PROMPTS], "cpu"))
         for b in range(2):
             torch.testing.assert_close(root[b], next_logits(draft, hist[b]), atol=1e-6, rtol=0)
-    run.begin(2)  # rows (b, w) = 2b + w
-    paths = [[[3], [4]], [[5], [6]]]
-    out = run.step(torch.tensor([3, 4, 5, 6]), depth=1)
-    run.reorder(torch.tensor([1, 0, 2, 2]))  # swap sequence 0's rows, copy sequence 1's first
-    paths = [[paths[0][1], paths[0][0]], [paths[1][0], paths[1][0]]]
-    nxt = torch.tensor([7, 8, 9, 10])
-    out = run.step(nxt, depth=2)
-    out = run.step(torch.tensor([11, 12, 13, 14]), depth=3)
-    for r in range(4):
-        b, w = divmod(r, 2)
-        path = paths[b][w] + [int(nxt[r]), 11 + r]
-        torch.testing.assert_close(out[r], next_logits(draft, hist[b] + path), atol=1e-6, rtol=0)
+        paths = [[[3 + r_i], [4]], [[5], [6 + r_i]]]  # rows (b, w) = 2b + w
+        out = eng.step(torch.tensor([3 + r_i, 4, 5, 6 + r_i]), depth=1)
+        swap = torch.tensor([1, 0, 2, 2])  # sequence 0's rows swap parents, sequence 1's both follow its row 0
+        paths = [[paths[0][1], paths[0][0]], [paths[1][0], paths[1][0]]]
+        nxt = torch.tensor([7, 8, 9, 10 + r_i])
+        out = eng.step(nxt, depth=2, parents=swap)
+        paths = [[p + [int(nxt[2 * b + w])] for w, p in enumerate(ps)] for b, ps in enumerate(paths)]
+        out = eng.step(torch.tensor([11, 12, 13, 14]), depth=3, parents=torch.tensor([0, 0, 3, 2]))
+        paths = [[paths[0][0], paths[0][0]], [paths[1][1], paths[1][0]]]
+        for r in range(4):
+            b, w = divmod(r, 2)
+            torch.testing.assert_close(out[r], next_logits(draft, hist[b] + paths[b][w] + [11 + r]), atol=1e-6, rtol=0)
 
 
 def test_sampled_draft_model_records_q(models):
@@ -154,20 +158,44 @@ def test_static_tree_takes_ranked_tokens(models):
             assert toks[i] == next_logits(draft, hist[b] + path).topk(r + 1).indices[r].item()
 
 
-@pytest.mark.skipif("stree" not in strategy_names(), reason="needs a tree-verifying strategy")
-@pytest.mark.parametrize("name,opts", [("draft_model", {"draft_len": 3}), ("beam_tree", {"beams": 2, "depth": 3}),
-                                       ("static_tree", {"shape": "A"}), ("png", {"num_drafts": 2, "draft_len": 3})],
-                         ids=["draft_model", "beam_tree", "static_tree", "png"])
-def test_drafters_in_generate_are_lossless(models, name, opts):
+DRAFTERS = [("draft_model", {"draft_len": 3}), ("beam_tree", {"beams": 2, "depth": 3}), ("static_tree", {"shape": "A"})]
+# every speculative strategy with the chain drafter, the tree-verifying ones with the tree drafters too
+PAIRS = [pytest.param(s, n, o, id=f"{s}-{n}") for s in strategy_names() if s != "autoregressive"
+         for n, o in DRAFTERS if n == "draft_model" or make_strategy(s).supports_trees]
+
+
+@pytest.mark.parametrize("strategy,name,opts", PAIRS)
+def test_every_strategy_with_every_draft_model_drafter_is_lossless(models, strategy, name, opts):
+    """Greedy output of the target equals its autoregressive output token for token, for every strategy that
+    verifies what the drafter drafts, with the draft model of every family (float64 CPU)."""
     draft, target, _ = models
+    d = make_drafter(name, draft=draft, **opts)
     want = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
-    d = make_drafter(name, **({"draft": draft} if name != "png" else {}), **opts)
-    out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=d, timing=False)
+    out = generate(target, PROMPTS, max_new_tokens=NEW, strategy=strategy, drafter=d, timing=False)
     assert out.sequences == want
     if name == "draft_model":  # the target drafting for itself: every draft accepted
         d = make_drafter(name, draft=target, **opts)
-        out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=d, timing=False)
+        out = generate(target, PROMPTS, max_new_tokens=NEW, strategy=strategy, drafter=d, timing=False)
         assert out.sequences == want and all(a == 3 for s in out.steps[1:-1] for a in s.accepted)
+
+
+@pytest.mark.parametrize("draft_preset,target_preset", [("tiny-mamba2", "tiny-qwen3.5"), ("tiny-qwen3.5", "tiny-hybrid"),
+                                                         ("tiny-qwen3-next", "tiny-mamba-in-llama")])
+def test_a_draft_of_another_family_is_lossless(draft_preset, target_preset):
+    draft = build_model(load_preset(draft_preset), seed=1, dtype=torch.float64)
+    target = build_model(load_preset(target_preset), seed=0, dtype=torch.float64)
+    want = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
+    for name, opts in DRAFTERS:
+        out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="replay", drafter=make_drafter(name, draft=draft, **opts),
+                       timing=False)
+        assert out.sequences == want
+
+
+def test_png_in_generate_is_lossless(models):
+    _, target, _ = models
+    want = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
+    d = make_drafter("png", num_drafts=2, draft_len=3)
+    assert generate(target, PROMPTS, max_new_tokens=NEW, strategy="stree", drafter=d, timing=False).sequences == want
 
 
 @pytest.mark.skipif("stree" not in strategy_names(), reason="needs a tree-verifying strategy")
@@ -183,9 +211,22 @@ def test_oracle_from_target_and_sampled_drafts_in_generate(models):
     assert [len(s) for s in out.sequences] == [6, 6]
 
 
-def test_a_gated_deltanet_draft_model_is_refused_with_the_fix():
-    from ssmspec.drafting.runner import DraftRunner
+def test_a_draft_of_another_vocabulary_is_refused_naming_both_models():
+    target = build_model(load_preset("tiny-mamba2"), seed=0)
+    draft = build_model(load_preset("tiny-mamba2").replace(name="tiny-mamba2-v512", vocab_size=512), seed=0)
+    for name, opts in [("draft_model", {"draft_len": 2}), ("beam_tree", {"beams": 2, "depth": 2}),
+                       ("static_tree", {"shape": "A"})]:
+        d = make_drafter(name, draft=draft, **opts)
+        with pytest.raises(ValueError, match=r"^draft model tiny-mamba2-v512 has a vocabulary of 512 tokens but "
+                                             r"target tiny-mamba2 has 300; draft with a model of the target's"):
+            generate(target, PROMPTS, max_new_tokens=4, strategy="stree", drafter=d, timing=False)
 
-    draft = build_model(load_preset("tiny-qwen3.5"), seed=0)
-    with pytest.raises(ValueError, match="Gated DeltaNet mixers.*draft with a Mamba-2"):
-        DraftRunner(draft, max_depth=2)
+
+def test_a_draft_strategy_that_cannot_roll_back_is_refused_naming_both_models():
+    target = build_model(load_preset("tiny-hybrid"), seed=0)
+    d = make_drafter("draft_model", draft="tiny-mamba2", draft_len=2, draft_strategy="replay")
+    with pytest.raises(ValueError, match=r"^draft model tiny-mamba2 \(drafting for tiny-hybrid\): strategy 'replay' "
+                                         r"keeps one state per sequence and verify window.*draft_strategy=snapshot$"):
+        generate(target, PROMPTS, max_new_tokens=4, strategy="snapshot", drafter=d, timing=False)
+    with pytest.raises(ValueError, match="unknown draft_strategy 'nope'"):
+        make_drafter("beam_tree", draft="tiny-mamba2", draft_strategy="nope")

@@ -35,7 +35,13 @@ resident) against the free memory; a point that cannot fit is a ``status: skippe
 and a real out-of-memory error is a ``status: oom`` row -- both are where a curve stops.
 
 The oracle costs almost nothing to draft; the paper's MTP heads cost one extra layer per draft token, so
-these lines are an upper bound on what a real drafter at the same acceptance gives.
+these lines are an upper bound on what a real drafter at the same acceptance gives. Presets named in
+``bench.drafts`` (target -> draft model preset) add what a draft model costs: a ``draft autoregressive`` line
+(the draft model's own autoregressive step at the same batch and prompts) and ``replay spec S=s + <draft>``
+lines that run the draft model's whole drafting every step and verify the oracle's tokens in its place
+(``drafting/costed.py``: the acceptance stays the oracle's stated one, the cost is the draft's). Their rows
+carry the drafting time (``draft_ms``, ``draft_call_ms`` per draft call: ``bench.steps.draft_fields``) and
+``draft_vs_ar``, a draft call over the draft model's autoregressive step measured in the same run.
 
 On a checkpoint (``checkpoint=``; ``bench.drafter: auto`` picks ``png`` there, ``oracle`` on random weights)
 the speculative lines draft with the real prompt n-gram drafter (PNG(S, 1), ``drafting/png.py``) on the
@@ -57,6 +63,8 @@ from ssmspec.bench.designed import designed_fields
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps import step_row
 from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.drafting.costed import CostedOracle
+from ssmspec.drafting.draft_model import DraftModel
 from ssmspec.drafting.oracle import DRAWS, Oracle
 from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
@@ -82,6 +90,25 @@ def lines(b: DictConfig) -> list[tuple[str, str, int]]:
     out += [(f"snapshot spec S={int(s)}", "snapshot", int(s)) for s in b.snapshot_S]
     out += [(f"replay spec S={int(s)}", "replay", int(s)) for s in b.replay_S]
     return out
+
+
+def draft_lines(b: DictConfig, preset: str) -> list[tuple[str, str, int, str]]:
+    """(line label, strategy, S, draft preset) of the draft-model lines of ``preset`` (``bench.drafts``)."""
+    draft = (b.get("drafts") or {}).get(preset)
+    if not draft:
+        return []
+    out = [("draft autoregressive", "autoregressive", 0, str(draft))]
+    return out + [(f"replay spec S={int(s)} + draft", "replay", int(s), str(draft)) for s in b.replay_S]
+
+
+def draft_model_for(cfg: DictConfig, preset: str, room: int):
+    """The draft model of a draft-model line: random weights seeded apart from the target's (``seed`` + 1)."""
+    from ssmspec.models import build_model, load_preset
+
+    mcfg = load_preset(preset)
+    mcfg = mcfg.replace(max_seq_len=max(room + 64, mcfg.max_seq_len))
+    return build_model(mcfg, seed=int(cfg.seed) + 1, device=cfg.device, dtype=C.resolve_dtype(str(cfg.dtype),
+                                                                                              str(cfg.device)))
 
 
 def spec_R(b: DictConfig) -> int:
@@ -233,6 +260,8 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
     seed, min_tok = int(cfg.data.get("seed", 0)), int(cfg.data.get("min_token_id", 3))
     for preset, model in _models(cfg, b, Tp + H + 16):
         V = model.cfg.vocab_size
+        extra = [] if cfg.get("checkpoint") or not oracle else draft_lines(b, preset)
+        drafts = {d: draft_model_for(cfg, d, Tp + H + 16) for d in {line[3] for line in extra}}
         real_set = not oracle and str(cfg.data.get("name", "")) != "synthetic"
         pset, texts = prompt_set(cfg, model) if real_set else ("synthetic", None)
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
@@ -240,7 +269,9 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
             # a batch of the set's prompts, each cut to its last Tp tokens, cycling through the set
             sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)] if texts else None
             reference, ref_error = None, None
-            for label, strategy, S in lines(b):
+            ar_ms = None  # the draft model's autoregressive step at this batch (its line runs first)
+            for label, strategy, S, dname in [(*line, None) for line in lines(b)] + extra:
+                run_model = drafts[dname] if dname and not S else model  # the draft AR line runs the draft
                 Rl = spec_R(b) if S else R  # the decode line's buffer, or the spec lines'
                 spec = SpecConfig(draft_len=S, buffer_size=Rl)
                 base = dict(model=preset, line=label, strategy=strategy, S=S, batch=bsz, prompt_len=Tp,
@@ -249,13 +280,15 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                             acceptance=("oracle" if oracle else "measured") if S else "none",
                             alpha=alpha if S and oracle else None,
                             oracle=("forced" if forced else "compare") if S and oracle else None)
+                if dname:
+                    base.update(draft=dname, drafter="oracle + draft_model cost" if S else "none")
                 if not oracle:
                     base.update(set=pset, ngram=int(b.get("ngram", 3)) if S else None,
                                 prompt_len_max=max(map(len, sample)) if sample is not None else Tp)
                     if sample is None and real_set:
                         yield {**base, "status": "skipped", "reason": pset}
                         continue
-                fit, need, free = plan_point(model, strategy, batch=bsz, prompt_len=Tp, new_tokens=H, spec=spec)
+                fit, need, free = plan_point(run_model, strategy, batch=bsz, prompt_len=Tp, new_tokens=H, spec=spec)
                 if not fit:
                     yield {**base, "status": "skipped", "planned_bytes": need,
                            "reason": f"needs {fmt_bytes(need)} beside the weights but {fmt_bytes(free)} are free "
@@ -286,9 +319,11 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                     if S and oracle:
                         drafter = Oracle(p=alpha, draft_len=S, reference=reference, vocab_size=V,
                                          seed=int(cfg.seed), forced=forced)
+                        if dname:
+                            drafter = CostedOracle(drafter, DraftModel(draft=drafts[dname], draft_len=S))
                     elif S:
                         drafter = PromptNgram(ngram=int(b.get("ngram", 3)), num_drafts=1, draft_len=S)
-                    eng = Engine(model, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
+                    eng = Engine(run_model, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=spec, cuda_graph=graph)
                     eng.prefill(ids, valid, prompts)
                     row = throughput_row(eng, warmup=warmup, iters=iters,
@@ -300,6 +335,11 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                     row = {**base, "status": "oom", "planned_bytes": need, "reason": str(e).splitlines()[0]}
                 del eng
                 release(device)
+                if dname and row["status"] == "ok":
+                    if S and ar_ms:
+                        row["draft_vs_ar"] = row["draft_call_ms"] / ar_ms
+                    elif not S:
+                        ar_ms = row["ms_p50"]
                 if row["status"] == "ok" and row["ref_match"] is not None and row["ref_match"] < 1.0:
                     log.warning("%s %s B=%d: %.0f%% of sequences left the reference (a near-tie argmax flipped); %s",
                                 preset, label, bsz, 100 * (1 - row["ref_match"]),
@@ -310,5 +350,5 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                              row["mean_accepted"])
                 yield row
             del reference
-        del model
+        del model, drafts
         release(device)

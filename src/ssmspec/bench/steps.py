@@ -63,4 +63,18 @@ def step_row(eng: Engine, *, warmup: int, iters: int, **fields) -> dict:
             "tokens_per_call": eng.strategy.max_rows(eng.step.batch, eng.spec) * eng.strategy.max_call_len(eng.spec),
             "cache_bytes": eng.cache_bytes(), "acceptance": "random-drafts" if drafter is not None else "none",
             "drafter_on_device": eng.drafter_on_device,
-            "mean_accepted": sum(acc) / len(acc) if acc else 0.0, "accepted_hist": {str(k): v for k, v in hist.items()}}
+            "mean_accepted": sum(acc) / len(acc) if acc else 0.0, "accepted_hist": {str(k): v for k, v in hist.items()},
+            **draft_fields(eng)}
+
+
+def draft_fields(eng: Engine) -> dict:
+    """Rows whose drafter runs a draft model (``engine/draft.py``): its name, the drafting time of every timed
+    step (the drafter graph's share of the step, ``Engine.draft_ms``; median and p90), its calls per step
+    (the root call of two tokens per sequence, then one per further draft depth) and the median per call."""
+    draft = getattr(eng.drafter, "engine", None)
+    if draft is None:
+        return {}
+    ms = eng.draft_ms()
+    q = summarize(ms)
+    return {"draft": draft.model.cfg.name, "draft_samples_ms": ms, "draft_ms": q["ms_p50"], "draft_ms_p90": q["ms_p90"],
+            "draft_calls": draft.S, "draft_call_ms": q["ms_p50"] / draft.S, "draft_cache_bytes": draft.cache_bytes()}

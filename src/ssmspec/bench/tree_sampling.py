@@ -225,7 +225,7 @@ class PerturbedTree(StaticTree):
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         super().reset(prompts, batch=batch, device=device, max_new_tokens=max_new_tokens)
-        self.gen = torch.Generator(device=self.runner.model.device).manual_seed(self.sampling.seed)
+        self.gen = torch.Generator(device=self.engine.model.device).manual_seed(self.sampling.seed)
 
     def generators(self) -> list[torch.Generator]:
         return [self.gen]
@@ -243,10 +243,9 @@ class PerturbedTree(StaticTree):
 
     def _draft(self, root: Tensor) -> DraftTree:
         """As ``StaticTree._draft``, with perturbed logits and optionally sampled children and their q."""
-        run, W = self.runner, self.width
+        eng, W = self.engine, self.width
         bsz = root.shape[0]
         top, q = self._choose(root[:, None])  # (B, 1, kmax), (B, 1, V)
-        run.begin(W)
         layers, qs = [], []
         for d in range(1, self.S + 1):
             par_slot, rank = self.index[d - 1]  # (n_d,) each
@@ -255,9 +254,8 @@ class PerturbedTree(StaticTree):
                 qs.append(q[:, par_slot])  # (B, n_d, V) each node's q is its parent's
             if d == self.S:
                 break
-            run.reorder(self.rows[d - 1])
             feed = torch.nn.functional.pad(layers[-1], (0, W - layers[-1].shape[1]))  # (B, W)
-            logits = run.step(feed.reshape(-1), depth=d).reshape(bsz, W, -1)  # (B, W, V)
+            logits = eng.step(feed.reshape(-1), depth=d, parents=self.rows[d - 1]).reshape(bsz, W, -1)  # (B, W, V)
             top, q = self._choose(logits)
         tokens = torch.cat(layers, dim=1)[:, self.perm].to(self.device)  # (B, T) node order
         qt = torch.cat(qs, dim=1)[:, self.perm].to(self.device) if qs else None  # (B, T, V)

@@ -1,8 +1,8 @@
 """`draft_model`: chains from a small draft HybridLM (e.g. mamba2-130m drafting for mamba2-2.7b).
 
-Each step the draft model absorbs the tokens it has not seen (the accepted drafts and the pending token;
-``drafting/runner.py``), then continues ``draft_len`` tokens from scratch copies of its state, so a
-rejected draft never needs rolling back. Greedy (``temperature=0``): the drafts are the draft model's
+Each step the draft model's engine (``engine/draft.py``) absorbs what the target emitted since the last
+step (the accepted drafts and the pending token), then continues ``draft_len`` tokens in one drafting row
+per chain that starts from the committed state, so a rejected draft never needs rolling back. Greedy (``temperature=0``): the drafts are the draft model's
 own greedy continuation of the committed prefix, and ``q`` is None (one-hot for the verifiers). With
 ``temperature > 0`` each token is sampled from the draft distribution (temperature / top-k / top-p) and
 that distribution is recorded in ``DraftTree.q`` for speculative sampling; ``num_drafts`` chains are
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.registry import DrafterBase, register_drafter
-from ssmspec.drafting.runner import ModelDrafterBase
+from ssmspec.drafting.model_drafter import ModelDrafterBase
 from ssmspec.strategies.base import SpecConfig
 from ssmspec.verify.distributions import SamplingConfig, target_probs
 
@@ -30,7 +30,7 @@ class DraftModel(ModelDrafterBase, DrafterBase):
 
     def __init__(self, *, draft="mamba2-130m", draft_len: int = 4, num_drafts: int = 1, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, sample_seed: int = 0, seed: int = 0,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, draft_strategy: str = "snapshot") -> None:
         super().__init__()
         if draft_len < 1 or num_drafts < 1:
             raise ValueError(f"draft_model needs draft_len >= 1 and num_drafts >= 1, got {draft_len}, {num_drafts} "
@@ -41,23 +41,26 @@ class DraftModel(ModelDrafterBase, DrafterBase):
                              f"(temperature > 0) or draft a tree (beam_tree / static_tree)")
         self.S, self.D = draft_len, num_drafts
         self.spec = SpecConfig(draft_len=draft_len, num_drafts=num_drafts)
-        opts = self._init_draft(draft, seed=seed, dtype=dtype)
+        opts = self._init_draft(draft, seed=seed, dtype=dtype, draft_strategy=draft_strategy)
         self._record(**opts, draft_len=draft_len, num_drafts=num_drafts, temperature=temperature, top_p=top_p,
                      top_k=top_k, sample_seed=sample_seed)
 
+    def _shape(self):
+        """One drafting row per chain, S deep; a chain's row never changes parents."""
+        return self.D, self.S, False
+
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
-        """Prefill the draft on ``prompts``; ``max_new_tokens`` sizes its KV cache (``DraftRunner.reset``)."""
-        run = self._reset_runner(prompts, device, max_depth=self.S, width=self.D, max_new_tokens=max_new_tokens)
-        self.gen = torch.Generator(device=run.model.device).manual_seed(self.sampling.seed)
+        """Prefill the draft on ``prompts``; ``max_new_tokens`` sizes its KV cache (``DraftEngine.reset``)."""
+        eng = self._reset_engine(prompts, device, max_new_tokens=max_new_tokens)
+        self.gen = torch.Generator(device=eng.model.device).manual_seed(self.sampling.seed)
 
     def generators(self) -> list[torch.Generator]:
         return [] if self.sampling.greedy else [self.gen]
 
     def _draft(self, root: Tensor) -> DraftTree:
         """root (B, V) draft logits after the pending token -> D chains of S tokens (B, D*S)."""
-        run, S, D = self.runner, self.S, self.D
+        eng, S, D = self.engine, self.S, self.D
         logits = root.repeat_interleave(D, dim=0)  # (B*D, V) at the root of each chain
-        run.begin(D)
         toks, qs = [], []
         for k in range(1, S + 1):
             if self.sampling.greedy:
@@ -68,7 +71,7 @@ class DraftModel(ModelDrafterBase, DrafterBase):
                 qs.append(probs)
             toks.append(t)
             if k < S:
-                logits = run.step(t, depth=k)
+                logits = eng.step(t, depth=k)
         bsz = root.shape[0]
         tokens = torch.stack(toks, dim=1).reshape(bsz, D, S).to(self.device)
         q = torch.stack(qs, dim=1).reshape(bsz, D, S, -1).to(self.device) if qs else None

@@ -3,8 +3,8 @@ Table 4).
 
 A shape is a parents list (node i >= 1 has parent ``parents[i-1]``, a smaller node number; 0 is the pending
 token). The children of a node, in order, get the draft model's most likely, second most likely, ...
-token at that node. Drafting runs one draft-model call per layer that has children, one scratch row per
-node of the layer. Deterministic, so ``q`` is None. The schedule (each layer's parent slots, ranks and
+token at that node. Drafting runs one draft-model call per layer that has children, one row per node of
+the layer, each row continuing from its parent's row (``DraftEngine.step``). Deterministic, so ``q`` is None. The schedule (each layer's parent slots, ranks and
 scratch rows, the node order) is laid out on the device at ``reset``, so ``propose_device`` runs with no
 host sync and can be captured in a CUDA graph.
 
@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.registry import DrafterBase, register_drafter
-from ssmspec.drafting.runner import ModelDrafterBase
+from ssmspec.drafting.model_drafter import ModelDrafterBase
 from ssmspec.strategies.base import SpecConfig
 
 SHAPES: dict[str, list[int]] = {
@@ -68,7 +68,8 @@ class StaticTree(ModelDrafterBase, DrafterBase):
     is_tree = True
     tree_options = "shape (a SHAPES name A-E or a parents list)"
 
-    def __init__(self, *, draft="mamba2-130m", shape="A", seed: int = 0, dtype: str | None = None) -> None:
+    def __init__(self, *, draft="mamba2-130m", shape="A", seed: int = 0, dtype: str | None = None,
+                 draft_strategy: str = "snapshot") -> None:
         super().__init__()
         parents = resolve_shape(shape)
         depth = check_parents(parents)
@@ -86,21 +87,25 @@ class StaticTree(ModelDrafterBase, DrafterBase):
         self.slot, self.rank, self.depth = slot, rank, depth
         self.width = max(len(layer) for layer in self.layers)
         self.kmax = max(kids)
-        opts = self._init_draft(draft, seed=seed, dtype=dtype)
+        opts = self._init_draft(draft, seed=seed, dtype=dtype, draft_strategy=draft_strategy)
         self._record(**opts, shape=shape if isinstance(shape, str) else parents)
+
+    def _shape(self):
+        """W rows (the widest layer), S deep; a layer's rows continue from their parents' rows."""
+        return self.width, self.S, True
 
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
         """Prefill the draft on ``prompts`` (``max_new_tokens`` sizes its KV cache) and lay the shape's static
         schedule out on the device: per layer its nodes, their parents' slots and ranks, the scratch row each
         slot continues from."""
-        run = self._reset_runner(prompts, device, max_depth=self.S, width=self.width, max_new_tokens=max_new_tokens)
-        if run.model.cfg.vocab_size < self.kmax:
+        if self._draft_cfg.vocab_size < self.kmax:
             raise ValueError(f"shape has a node with {self.kmax} children but the draft vocabulary has "
-                             f"{run.model.cfg.vocab_size} tokens")
-        dev, bsz, W = run.model.device, len(prompts), self.width
+                             f"{self._draft_cfg.vocab_size} tokens")
+        eng = self._reset_engine(prompts, device, max_new_tokens=max_new_tokens)
+        dev, bsz, W = eng.model.device, len(prompts), self.width
         base = torch.arange(bsz, device=dev)[:, None] * W  # (B, 1) first scratch row per sequence
         self.index = []  # per layer d >= 1: (parent's slot in layer d-1, rank among siblings) (n_d,) each
-        self.rows = []  # per layer d >= 1: (B*W,) scratch row each layer-d row continues from
+        self.rows = []  # per layer d >= 1: (B*W,) row each layer-d row continues from
         for layer in self.layers[1:]:
             par_slot = [self.slot[self.parents[i - 1]] for i in layer]
             self.index.append((torch.tensor(par_slot, device=dev), torch.tensor([self.rank[i] for i in layer],
@@ -113,10 +118,9 @@ class StaticTree(ModelDrafterBase, DrafterBase):
 
     def _draft(self, root: Tensor) -> DraftTree:
         """root (B, V) draft logits after the pending token -> the shape filled with ranked tokens (B, T)."""
-        run, W = self.runner, self.width
+        eng, W = self.engine, self.width
         bsz = root.shape[0]
         top = root.topk(self.kmax, dim=-1).indices[:, None]  # (B, 1, kmax) ranked tokens per layer-0 slot
-        run.begin(W)
         layers = []
         for d in range(1, self.S + 1):
             par_slot, rank = self.index[d - 1]  # (n_d,) each
@@ -125,9 +129,8 @@ class StaticTree(ModelDrafterBase, DrafterBase):
             if d == self.S:
                 break
             # rows of layer d: slot j continues from its parent's row, then feeds node j's token
-            run.reorder(self.rows[d - 1])
             feed = F.pad(tok, (0, W - tok.shape[1]))  # (B, W)
-            logits = run.step(feed.reshape(-1), depth=d).reshape(bsz, W, -1)  # (B, W, V)
+            logits = eng.step(feed.reshape(-1), depth=d, parents=self.rows[d - 1]).reshape(bsz, W, -1)  # (B, W, V)
             top = logits.topk(self.kmax, dim=-1).indices  # (B, W, kmax)
         tokens = torch.cat(layers, dim=1)[:, self.perm]  # (B, T) back to node order
         return DraftTree(tokens.to(self.device), self.parents_t, None, 0, self.S)

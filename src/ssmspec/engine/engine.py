@@ -60,6 +60,8 @@ class Engine:
             spec = drafter.spec if drafter is not None else SpecConfig()
         if drafter is None and spec.draft_len:
             raise ValueError("draft_len > 0 needs a drafter")
+        if drafter is not None and hasattr(drafter, "check_target"):
+            drafter.check_target(cfg)  # a draft model the target cannot verify is refused before anything runs
         strat.check_spec(spec)
         if batch < 1 or prefill_len < 1 or max_new_tokens < 1:
             raise ValueError(f"need batch, prefill_len and max_new_tokens >= 1, got {batch}, {prefill_len}, "
@@ -89,6 +91,7 @@ class Engine:
         self.strategy, self.drafter, self.verifier, self.spec = strat, drafter, verifier, spec
         self.launches = 0
         self.loop_wall_ms: float | None = None  # wall-clock ms of the last time_steps loop
+        self.draft_seconds: list[float] = []  # drafting time of every collected step (CUDA events / perf_counter)
         self._graphs: tuple | None = None  # (draft graph or None, target graph) once captured
         self._inflight: list = []  # launched steps not collected yet: (host report, done event, timing events)
         if self.cuda:
@@ -130,6 +133,11 @@ class Engine:
         s.set_drafts(s.draft())
         s.target_step()
 
+    def draft_ms(self) -> list[float]:
+        """ms of drafting in every step the last ``time_steps`` timed (0 without a drafter): the drafter's
+        graph replay (or its eager call), measured by the same events as the step (``Engine.time_steps``)."""
+        return [s * 1e3 for s in self.draft_seconds]
+
     def _capture(self) -> None:
         s, gens = self.step, list(getattr(self.drafter, "generators", lambda: [])())
         draft_graph = None
@@ -151,18 +159,21 @@ class Engine:
         steps in flight), as generate() and time_steps() do."""
         s = self.step
         if self.cuda:
-            start = torch.cuda.Event(enable_timing=True)
+            start, mid = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         else:
             t0 = time.perf_counter()
         if not self.graphed:
-            self._eager()
+            s.set_drafts(s.draft())
+            t_mid = mid.record() if self.cuda else time.perf_counter()
+            s.target_step()
         elif self._graphs is None:  # first step: eager on a side stream, then capture (not executed)
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
                 self._eager()
             torch.cuda.current_stream().wait_stream(self._stream)
             torch.cuda.synchronize()
+            mid.record()  # the first step's drafting is not split from its target step (it is untimed warmup)
             try:
                 self._capture()
             except RuntimeError as e:  # a host sync or CPU tensor inside the step: name the fix
@@ -176,6 +187,7 @@ class Engine:
                 draft_graph.replay()
             elif self.drafter is not None:  # host drafter: eager drafts into the graph's static inputs
                 s.copy_drafts(s.draft())
+            mid.record()
             target_graph.replay()
         self.strategy.after_step()  # host-launched work after the step, outside the graphs (usually none)
         self.launches += 1
@@ -186,9 +198,10 @@ class Engine:
             host.copy_(s.report, non_blocking=True)
             done = torch.cuda.Event()
             done.record()
-            self._inflight.append((host, done, (start, end)))
+            self._inflight.append((host, done, (start, mid, end)))
         else:
-            self._inflight.append((s.report.clone(), None, time.perf_counter() - t0))
+            now = time.perf_counter()
+            self._inflight.append((s.report.clone(), None, (now - t0, t_mid - t0)))
 
     def collect(self, *, keep: int = 1) -> list[tuple[Report, float]]:
         """Reports of launched steps, oldest first, leaving the newest ``keep`` in flight (0: all). Each
@@ -198,9 +211,11 @@ class Engine:
             host, done, timing = self._inflight.pop(0)
             if done is not None:
                 done.synchronize()
-                seconds = timing[0].elapsed_time(timing[1]) * 1e-3
+                seconds = timing[0].elapsed_time(timing[2]) * 1e-3
+                drafting = timing[0].elapsed_time(timing[1]) * 1e-3
             else:
-                seconds = timing
+                seconds, drafting = timing
+            self.draft_seconds.append(drafting)
             out.append((self.step.report_of(host), seconds))
         return out
 
@@ -211,7 +226,8 @@ class Engine:
         each report one step late (as generate() does), so the device never waits for it; the accepted
         counts of the timed steps are kept in ``self.accepted`` (one list per step), and the wall-clock time of
         the whole timed loop (first launch to the last report on the host) in ``self.loop_wall_ms``: where it
-        exceeds the samples' sum, the device sat idle between steps (host work the events do not see)."""
+        exceeds the samples' sum, the device sat idle between steps (host work the events do not see); the
+        drafting part of every timed step in ``draft_ms()``."""
         if iters < 1 or warmup < 0:
             raise ValueError(f"need iters >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
         for _ in range(max(warmup, 1 if self.graphed else 0)):
@@ -221,7 +237,7 @@ class Engine:
         if self.cuda:
             torch.cuda.synchronize(self.model.device)
         t0 = time.perf_counter()
-        samples, self.accepted = [], []
+        samples, self.accepted, self.draft_seconds = [], [], []
         for _ in range(iters):
             self.launch()
             for rep, seconds in self.collect(keep=1):

@@ -57,14 +57,68 @@ class KVCache:
         """Append, for every sequence b, ``count[b]`` pending tokens of row ``src_row[b]`` taken at
         columns ``cols[b, :count[b]]`` (B,), (B, C), (B,). Columns past ``count`` are copied too but
         land beyond the new length, where nothing reads them."""
-        bsz, C = cols.shape
-        dst = (self.length[:, None] + torch.arange(C, device=cols.device)[None]).clamp(max=self.max_len - 1)
-        k_new = self.pending_k[src_row[:, None], :, cols]  # (B, C, Hkv, D)
-        v_new = self.pending_v[src_row[:, None], :, cols]
-        b_idx = torch.arange(bsz, device=cols.device)[:, None].expand(bsz, C)
-        keep = torch.arange(C, device=cols.device)[None] < count[:, None]
+        self.append(self.pending_k[src_row[:, None], :, cols], self.pending_v[src_row[:, None], :, cols], count)
+
+    def append(self, k_new: Tensor, v_new: Tensor, count: Tensor) -> None:
+        """Append the first ``count[b]`` of k_new[b], v_new[b] (B, C, Hkv, D) to sequence b (device-side)."""
+        bsz, C = k_new.shape[:2]
+        dev = k_new.device
+        dst = (self.length[:, None] + torch.arange(C, device=dev)[None]).clamp(max=self.max_len - 1)
+        b_idx = torch.arange(bsz, device=dev)[:, None].expand(bsz, C)
+        keep = torch.arange(C, device=dev)[None] < count[:, None]
         k_old = self.k[b_idx, :, dst]
         v_old = self.v[b_idx, :, dst]
         self.k[b_idx, :, dst] = torch.where(keep[..., None, None], k_new, k_old)
         self.v[b_idx, :, dst] = torch.where(keep[..., None, None], v_new, v_old)
         self.length.add_(count).clamp_(max=self.max_len)  # finished sequences may keep stepping
+
+
+class DraftKV:
+    """Attention of a draft model's calls (``engine/draft.py``): each sequence's committed keys (``cache``)
+    plus the keys its drafting rows fed this step, kept per (row, depth) and never moved (column j - 1 holds
+    the token a row fed at depth j). A row at depth k attends its sequence's committed slots, its ancestors'
+    keys (column j - 1 of row ``anc[r, j]``, j < k) and its own key; the ancestors ride along as extra new keys
+    of the decode kernel behind queries that are zero and discarded, so the committed range is read once per
+    row with no copy of the cache (a sequence's rows share it through ``seq_index``).
+
+    The engine sets each call's kind before running the model (``set_call``): ``commit`` (a prompt or an
+    absorb call of B rows: ``cache`` attends and keeps the keys until the engine commits the valid ones) or
+    ``depth`` (B*W rows, one token at depth k).
+    """
+
+    def __init__(self, batch: int, width: int, depth: int, kv_heads: int, head_dim: int, capacity: int, *,
+                 max_new: int, device, dtype) -> None:
+        self.cache = KVCache(batch, kv_heads, head_dim, capacity, rows=batch, max_new=max_new, device=device,
+                             dtype=dtype)
+        rows = batch * width
+        self.k = torch.zeros(rows, kv_heads, max(depth - 1, 1), head_dim, device=device, dtype=dtype)  # (R, Hkv, S-1, D)
+        self.v = torch.zeros_like(self.k)
+        self.seq = torch.arange(rows, device=device) // width  # (R,) sequence of each row
+        self.kind, self.depth, self.anc = "commit", 0, None
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (self.k, self.v))
+
+    def set_call(self, kind: str, depth: int = 0, anc: Tensor | None = None) -> None:
+        """The next call's kind (class doc); ``anc`` (R, S) rows of each row's ancestors by depth."""
+        self.kind, self.depth, self.anc = kind, depth, anc
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, step, *, scale: float) -> Tensor:
+        """q (B', L, Hq, D), k, v (B', L, Hkv, D) -> (B', L, Hq, D) (class doc)."""
+        c = self.cache
+        if self.kind == "commit":
+            return c.attend(q, k, v, step, scale=scale)
+        d = self.depth  # one token per row at depth d >= 1
+        ks, vs = [], []
+        for j in range(1, d):  # ancestor at depth j: column j - 1 of the row that fed it
+            ks.append(self.k[self.anc[:, j], :, j - 1:j])
+            vs.append(self.v[self.anc[:, j], :, j - 1:j])
+        keys = torch.cat([*ks, k.transpose(1, 2)], dim=2).transpose(1, 2)  # (R, d, Hkv, D)
+        vals = torch.cat([*vs, v.transpose(1, 2)], dim=2).transpose(1, 2)
+        qs = torch.cat([q.new_zeros(q.shape[0], d - 1, *q.shape[2:]), q], dim=1) if d > 1 else q  # (R, d, Hq, D)
+        ctx_len = min(step.kv_bound or c.max_len, c.max_len)
+        out = decode_attention(qs, keys, vals, c.k, c.v, c.start, c.length, ctx_len=ctx_len, scale=scale,
+                               seq_index=self.seq)[:, -1:]
+        self.k[:, :, d - 1] = k[:, 0]  # for the rows below this one
+        self.v[:, :, d - 1] = v[:, 0]
+        return out

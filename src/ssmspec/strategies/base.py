@@ -171,6 +171,11 @@ class StepInputs:
     prefill: bool = False  # a prompt pass (sets the initial states)
     kv_bound: int = 0  # host-known upper bound on committed KV slots (0: the whole cache); no sync needed
     kv_hide: Tensor | None = None  # (B',) newest committed KV slots a row does not see (it re-runs them)
+    # slot-addressed calls (a draft model's steps, engine/draft.py; strategies with slot_states): row r starts
+    # from the state in slot src_slot[r] and stores the state after its token t in slot dst_slot[r, t]; with
+    # ``valid`` (right padding) and on prefill, the state after its last valid token in slot dst_slot[r, 0]
+    src_slot: Tensor | None = None  # (B',) int64; None on prefill (zero state)
+    dst_slot: Tensor | None = None  # (B', L) int64, or (B', 1) with valid / on prefill
     extras: dict = dataclasses.field(default_factory=dict)  # strategy-private per-step tensors
 
     @property
@@ -201,6 +206,9 @@ class StrategyBase:
     name: ClassVar[str] = "base"
     supports_trees: ClassVar[bool] = False  # can verify a token tree (not only chains)
     speculative: ClassVar[bool] = True  # takes drafts; False for autoregressive
+    # keeps states in addressable slots (``allocate_slots``, StepInputs.src_slot / dst_slot): a draft engine keeps
+    # each sequence's committed state apart from the rows it drafts in, so only such strategies can keep a draft's
+    slot_states: ClassVar[bool] = False
 
     def __init__(self, **options) -> None:
         if options:
@@ -262,6 +270,12 @@ class StrategyBase:
 
     def _owned_tensors(self) -> list[Tensor]:
         return [t for t in vars(self).values() if isinstance(t, Tensor)]
+
+    def allocate_slots(self, cfg: ModelConfig, slots: int, device, dtype) -> None:
+        """State slots for slot-addressed calls (a draft model's state, engine/draft.py): ``slots`` conv and SSM
+        (and GDN) states per mixer, zero. Strategies that keep one state per window cannot (``slot_states``)."""
+        raise ValueError(f"strategy {self.name!r} keeps no addressable state slots, so it cannot keep a draft "
+                         f"model's state; use snapshot")
 
     # prefill -----------------------------------------------------------------------------
     def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:

@@ -17,6 +17,13 @@ The conv state is rolled back at commit over the accepted row's cached pre-conv 
 
 Gated DeltaNet mixers keep the same pool layout and pointers with (H, N, P) delta-rule states
 (``ops.gdn.gdn_multistep_snapshot``, seed 000 Alg. 7); one ``src`` serves both kinds.
+
+Slot-addressed calls (``allocate_slots``; a draft model's state, ``engine/draft.py``): the pool is a flat
+array of slots the caller addresses through ``StepInputs.src_slot`` / ``dst_slot``; every slot holds the
+conv window as well as the SSM (or GDN) state. A row starts from any slot and stores the state after each
+token (or, in a right-padded call with ``valid``, the state after its last valid token: pads get dt = 0, or
+g = beta = 0, and leave the state as it was) in slots of the caller's choice -- its own source slot
+included, as the fused ops read every start state before they store.
 """
 from __future__ import annotations
 
@@ -60,6 +67,88 @@ class Snapshot(StrategyBase):
                                              device=device, dtype=torch.float32)
             self.gdn_conv_in = torch.zeros(ng, batch * D, L, cfg.gdn_conv_dim, device=device, dtype=dtype)
 
+    slot_states = True
+
+    def allocate_slots(self, cfg, slots: int, device, dtype) -> None:
+        """``slots`` (conv window, state) pairs per mixer, zero; calls then read and write them through
+        ``StepInputs.src_slot`` / ``dst_slot`` (module doc)."""
+        self.cfg, self.batch, self.spec = cfg, 0, SpecConfig()
+        n, ng, W1 = len(cfg.mamba_layers), len(cfg.gdn_layers), cfg.conv_kernel - 1
+        self.conv_state = self.ssm_state = self.gdn_conv_state = self.gdn_state = None
+        self.conv_in = self.gdn_conv_in = None
+        self.conv_slots = torch.zeros(n, slots, cfg.conv_dim, W1, device=device, dtype=dtype)
+        self.snapshots = torch.zeros(n, slots, cfg.ssm_heads, cfg.head_dim, cfg.state_size, device=device,
+                                     dtype=torch.float32)
+        self.gdn_conv_slots = self.gdn_snapshots = None
+        if ng:
+            self.gdn_conv_slots = torch.zeros(ng, slots, cfg.gdn_conv_dim, W1, device=device, dtype=dtype)
+            self.gdn_snapshots = torch.zeros(ng, slots, cfg.gdn_v_heads, cfg.gdn_k_dim, cfg.gdn_v_dim,
+                                             device=device, dtype=torch.float32)
+
+    @staticmethod
+    def _slot_conv(pool: Tensor, x: Tensor, p, step: StepInputs) -> Tensor:
+        """Conv of a slot-addressed call: x (B', L, C) pre-conv over the window in slot src_slot[r] of pool
+        (slots, C, W-1). Unmasked, the window after token t goes to slot dst_slot[r, t]; masked (``valid``,
+        right padding), the window after the row's last valid token goes to slot dst_slot[r, 0]. Returns the
+        conv output (B', L, C)."""
+        state = pool[step.src_slot]  # (B', C, W-1)
+        y = causal_conv1d_update(x, state, p.conv_weight, p.conv_bias, activation=p.activation, update_state=False)
+        full = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=-1)  # (B', C, W-1+L)
+        W1 = state.shape[-1]
+        if step.valid is not None:  # the last W-1 inputs up to the last valid token
+            idx = step.valid.sum(1)[:, None] + torch.arange(W1, device=x.device)[None]  # (B', W-1)
+            pool.index_copy_(0, step.dst_slot[:, 0], full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1)))
+            return y
+        for t in range(x.shape[1]):
+            pool.index_copy_(0, step.dst_slot[:, t], full[..., t + 1:t + 1 + W1])
+        return y
+
+    @staticmethod
+    def _state_dst(step: StepInputs) -> Tensor:
+        """(B', L) state slots per token: dst_slot itself, or for a masked call -1 (no store) but at the last
+        column, whose state is the one after the row's last valid token (pads leave it unchanged)."""
+        if step.valid is None:
+            return step.dst_slot
+        L = step.valid.shape[1]
+        return torch.cat([torch.full_like(step.dst_slot, -1).expand(-1, L - 1), step.dst_slot], dim=1)
+
+    def _mix_slots(self, p, inp, step: StepInputs) -> Tensor:
+        """One slot-addressed call of a Mamba-2 or GDN mixer (module doc)."""
+        i, dst = p.index, self._state_dst(step)
+        if getattr(p, "kind", "mamba") == "gdn":
+            qkv = self._slot_conv(self.gdn_conv_slots[i], inp.qkv, p, step)
+            q, k, v = p.split(qkv)
+            g, beta = p.gates(inp.a, inp.b, step.valid)  # 0 on pads: the state passes through them unchanged
+            return gdn_multistep_snapshot(self.gdn_snapshots[i], q, k, v, g, beta, src_slot=step.src_slot,
+                                          dst_slots=dst)
+        xbc = self._slot_conv(self.conv_slots[i], inp.xbc, p, step)
+        x, B, C = p.split_xbc(xbc)
+        if step.valid is None:
+            y = ssm_multistep_snapshot(self.snapshots[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias,
+                                       dt_softplus=True, dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
+        else:  # dt = 0 on pads (discretized here): the state passes through them unchanged
+            y = ssm_multistep_snapshot(self.snapshots[i], x, p.discretize(inp.dt, step.valid), p.A, B, C, p.D,
+                                       dt_softplus=False, src_slot=step.src_slot, dst_slots=dst)
+        return y.reshape(*y.shape[:2], -1)
+
+    def _prefill_slots(self, p, inp, step: StepInputs) -> Tensor:
+        """A prompt pass from zero state whose final states go to slot dst_slot[r, 0]."""
+        i, dst = p.index, step.dst_slot[:, 0]
+        if getattr(p, "kind", "mamba") == "gdn":
+            y, conv, st = run_prefill_gdn(p, inp, step)
+            self.gdn_conv_slots[i].index_copy_(0, dst, conv.to(self.gdn_conv_slots.dtype))
+            self.gdn_snapshots[i].index_copy_(0, dst, st)
+            return y
+        y, conv, ssm = run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)
+        self.conv_slots[i].index_copy_(0, dst, conv.to(self.conv_slots.dtype))
+        self.snapshots[i].index_copy_(0, dst, ssm)
+        return y
+
+    def run_mixer(self, p, inp, step: StepInputs) -> Tensor:
+        if step.dst_slot is not None:
+            return self._prefill_slots(p, inp, step) if step.prefill else self._mix_slots(p, inp, step)
+        return super().run_mixer(p, inp, step)
+
     def max_rows(self, batch: int, spec: SpecConfig) -> int:
         return batch * spec.num_drafts
 
@@ -75,6 +164,8 @@ class Snapshot(StrategyBase):
 
     def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Prompt pass: the final state becomes the snapshot the first decode step starts from."""
+        if step.dst_slot is not None:
+            return self._prefill_slots(p, inp, step)
         y, conv, ssm = run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)
         self.conv_state[p.index].copy_(conv)
         self.src.copy_(self._home())
@@ -114,6 +205,8 @@ class Snapshot(StrategyBase):
 
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Serial scan of every row from its sequence's start snapshot, one store per token (Alg. 3)."""
+        if step.dst_slot is not None:
+            return self._mix_slots(p, inp, step)
         i, rows, L = p.index, step.rows, step.length
         Rg, Lmax = self.regions(self.spec), 1 + self.spec.draft_len
         if step.valid is not None:

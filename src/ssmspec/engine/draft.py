@@ -1,0 +1,192 @@
+"""The draft engine: a draft model decoding through the same machinery as the target (a strategy instance
+that keeps its state, KV caches, fixed shapes, device ops only), so any model the target side runs can draft.
+
+Each sequence keeps a *committed* state: the draft model after every token of the target's buffer it has
+absorbed (``consumed``), pending token included. One draft step, ``propose_device(buf)`` of a model drafter:
+
+    absorb(buf)       one call of B rows and fixed width A = 1 + S feeds each sequence's new buffer tokens (what
+                      the target accepted since the last step, then its bonus: at most A) from the committed
+                      state, right-padded; the state after the last valid token becomes the committed one, the
+                      valid keys join the KV cache. Returns the draft's logits at the root (the pending token).
+    step(tokens, k)   calls 1 .. S-1: B*W rows of one token at depth k (W rows per sequence: chains, tree layers
+                      or beams), each row continuing from any row of depth k - 1 (``parents``) or from the
+                      committed state (depth 1)
+
+Rejected drafts never touch the committed state, so nothing rolls back: the next absorb feeds what the target
+kept. The strategy keeps the states in slots (``StrategyBase.slot_states``; ``snapshot``): slot b is sequence
+b's committed state, then W drafting slots per sequence (2W for drafters that move rows to other parents,
+alternating by depth, so no row overwrites a state another row still reads). Chains update their drafting
+slot in place. Memory: 1 + W states per sequence (1 + 2W with parents), the same state traffic per draft
+token as the draft model's own autoregressive step.
+
+The state updates are the draft model's own autoregressive decoding (pads leave a state as it was), so greedy
+drafts equal what its greedy ``generate()`` continues with.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import TokenBuffer
+from ssmspec.engine.context import RunContext
+from ssmspec.models.kv_cache import DraftKV
+from ssmspec.models.model import HybridLM
+from ssmspec.strategies import StepInputs, StrategyBase, make_strategy
+
+DEFAULT_MAX_NEW_TOKENS = 1024  # KV budget of new tokens when reset() is not told (clipped to max_seq_len)
+
+
+def draft_strategy(name: str | StrategyBase) -> StrategyBase:
+    """The strategy instance that keeps a draft model's state; refuses one without state slots."""
+    strat = make_strategy(name) if isinstance(name, str) else name
+    if not strat.slot_states:
+        raise ValueError(f"strategy {strat.name!r} keeps one state per sequence and verify window, so it cannot keep "
+                         f"a draft model's committed state apart from the rows it drafts in; draft with "
+                         f"draft_strategy=snapshot")
+    return strat
+
+
+class DraftEngine:
+    """One draft model's decoding state: ``width`` (W) drafting rows per sequence, ``depth`` (S) draft tokens,
+    ``reorders``: rows may continue from other rows (beams, tree layers) (module doc)."""
+
+    def __init__(self, model: HybridLM, *, width: int, depth: int, reorders: bool,
+                 strategy: str | StrategyBase = "snapshot") -> None:
+        self.model, self.W, self.S, self.reorders = model, width, depth, reorders
+        self.strategy = draft_strategy(strategy)
+        self.A = 1 + depth  # absorb width: a step emits at most the accepted drafts + the bonus
+
+    # reset --------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def reset(self, prompts: list[list[int]], *, max_new_tokens: int | None = None, slack: int = 0) -> None:
+        """Allocate every buffer and prefill each prompt into the committed state; size the KV cache for the
+        prompt, ``max_new_tokens`` (default ``DEFAULT_MAX_NEW_TOKENS``, clipped to the draft's max_seq_len) and
+        ``slack`` tokens in flight."""
+        model, cfg = self.model, self.model.cfg
+        dev, dtype = model.device, model.dtype
+        B, W, S = len(prompts), self.W, self.S
+        plen = [len(p) for p in prompts]
+        if not B or min(plen) == 0:
+            raise ValueError("every prompt needs at least one token")
+        if max_new_tokens is not None and max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        Tp = max(plen)
+        budget = DEFAULT_MAX_NEW_TOKENS if max_new_tokens is None else max_new_tokens
+        capacity = Tp + budget + slack
+        if cfg.attention_layers and capacity > cfg.max_seq_len:
+            if max_new_tokens is not None or Tp + slack >= cfg.max_seq_len:
+                raise ValueError(f"draft model {cfg.name} needs {capacity} KV slots (prompt {Tp} + max_new_tokens "
+                                 f"{budget} + {slack} in flight) but allows max_seq_len={cfg.max_seq_len}; raise the "
+                                 f"draft's max_seq_len, shorten the prompt or lower max_new_tokens")
+            capacity = cfg.max_seq_len
+        self.capacity, self.batch, self.prompt_len, self.prompt_max, self.slack = capacity, B, plen, Tp, slack
+        self.P = 2 if self.reorders else 1  # drafting slots per row: alternate by depth when rows move
+        self.strategy.allocate_slots(cfg, B * (1 + self.P * W), dev, dtype)
+        self.kv = [DraftKV(B, W, S, cfg.n_kv_heads, cfg.attn_head_dim, capacity, max_new=max(Tp, self.A), device=dev,
+                           dtype=dtype) for _ in cfg.attention_layers]
+        self.ctx = RunContext(self.strategy, self.kv, None)
+        rows = torch.arange(B * W, device=dev)
+        self.seq, self.row_w = rows // W, rows % W  # (R,) sequence and row within it
+        self.home = torch.arange(B, device=dev)  # (B,) slot of each committed state
+        self.anc = torch.zeros(B * W, max(S, 1), dtype=torch.long, device=dev)  # (R, S) row of each depth's ancestor
+        self._cols = torch.arange(self.A, device=dev)[None]  # (1, A)
+        self._prefill(prompts)
+
+    def _work(self, depth: int, w: Tensor) -> Tensor:
+        """(R,) drafting slot of sequence ``seq`` row ``w`` at ``depth``."""
+        parity = depth % self.P
+        return self.batch + (self.seq * self.P + parity) * self.W + w
+
+    def _prefill(self, prompts: list[list[int]]) -> None:
+        """Every prompt, left-padded, into the committed slots and the KV caches; the logits at each last token
+        (what the root of a sequence that emits nothing keeps)."""
+        model, dev = self.model, self.model.device
+        B, T = self.batch, self.prompt_max
+        ids = torch.full((B, T), model.cfg.pad_token_id, dtype=torch.long)
+        valid = torch.zeros(B, T, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            ids[b, T - len(p):] = torch.tensor(p, dtype=torch.long)
+            valid[b, T - len(p):] = True
+        ids, valid = ids.to(dev), valid.to(dev)
+        pads = (~valid).sum(1)
+        positions = (torch.arange(T, device=dev)[None] - pads[:, None]).clamp(min=0)
+        for kv in self.kv:
+            kv.set_call("commit")
+        self.ctx.step = StepInputs(ids, positions, valid=valid, prefill=True, dst_slot=self.home[:, None])
+        h = model.hidden(ids, self.ctx)[:, -1:]
+        self.last = model.logits(h)[:, 0].clone()  # (B, V) draft logits after each sequence's last absorbed token
+        n = valid.sum(1)
+        slots = (torch.arange(self.capacity, device=dev)[None] + pads[:, None]).clamp(max=self.capacity - 1)
+        for kv in self.kv:  # commit, then drop the left padding: row b's tokens sit at slots 0 .. n-1
+            c = kv.cache
+            c.commit(torch.arange(B, device=dev), torch.arange(T, device=dev)[None].expand(B, T),
+                     torch.full((B,), T, device=dev, dtype=torch.long))
+            idx = slots[:, None, :, None].expand_as(c.k)
+            c.k.copy_(c.k.gather(2, idx))
+            c.v.copy_(c.v.gather(2, idx))
+            c.start.zero_()
+            c.length.copy_(n)
+        self.consumed = n.clone()  # (B,) buffer tokens absorbed per sequence
+
+    def check_buffer(self, buf: TokenBuffer) -> None:
+        """Shape checks only (no device read): the batch, and a capacity the KV cache can hold."""
+        if buf.tokens.shape[0] != self.batch:
+            raise ValueError(f"token buffer has {buf.tokens.shape[0]} sequences but the drafter was reset for "
+                             f"{self.batch}")
+        if self.kv and buf.capacity > self.capacity:
+            raise ValueError(f"the token buffer holds up to {buf.capacity} tokens per sequence but draft model "
+                             f"{self.model.cfg.name} keeps {self.capacity} KV slots (sized at reset for prompt "
+                             f"{self.prompt_max} + max_new_tokens + {self.slack}); pass the drafter's reset(..., "
+                             f"max_new_tokens={buf.capacity - self.prompt_max - self.slack}) or more")
+
+    # one draft step -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def absorb(self, buf: TokenBuffer) -> Tensor:
+        """Feed up to A buffer tokens not absorbed yet in one call of width A (module doc); returns (B, V) draft
+        logits (fp32) after each sequence's last absorbed token (the root). Sequences with nothing new keep
+        their last logits. Device ops only."""
+        self.check_buffer(buf)
+        B, col, dev = self.batch, self._cols, buf.tokens.device
+        n = (buf.length - self.consumed).clamp(min=0, max=self.A)  # (B,) new tokens this call
+        valid = col < n[:, None]  # (B, A) valid tokens first
+        ids = buf.tokens.gather(1, (self.consumed[:, None] + col).clamp(max=buf.capacity - 1))
+        ids = torch.where(valid, ids, self.model.cfg.pad_token_id)
+        for kv in self.kv:
+            kv.set_call("commit")
+        self.ctx.step = StepInputs(ids, self.consumed[:, None] + col, valid=valid, kv_bound=self.capacity,
+                                   src_slot=self.home, dst_slot=self.home[:, None])
+        h = self.model.hidden(ids, self.ctx)  # (B, A, d)
+        last = h.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
+        for kv in self.kv:
+            kv.cache.commit(torch.arange(B, device=dev), col.expand(B, -1), n)
+        self.last.copy_(torch.where((n > 0)[:, None], self.model.logits(last)[:, 0], self.last))
+        self.consumed += n
+        return self.last
+
+    @torch.no_grad()
+    def step(self, tokens: Tensor, depth: int, parents: Tensor | None = None) -> Tensor:
+        """tokens (B*W,) fed at ``depth`` (1 .. S-1), row r continuing from row ``parents[r]`` (B*W,) of depth
+        ``depth`` - 1 (None: itself; at depth 1 every row continues from the committed state) -> (B*W, V)
+        draft logits (fp32)."""
+        if not 1 <= depth < self.S:
+            raise ValueError(f"draft depth {depth} outside 1 .. {self.S - 1}")
+        if parents is not None and not self.reorders:
+            raise ValueError("this draft engine was built with reorders=False: its rows cannot change parents")
+        if parents is not None:
+            self.anc.copy_(self.anc[parents])
+        src_w = self.row_w if parents is None else parents % self.W
+        src = self.home[self.seq] if depth == 1 else self._work(depth - 1, src_w)
+        dst = self._work(depth, self.row_w)[:, None]  # (R, 1)
+        ids = tokens.to(self.model.device)[:, None]
+        positions = (self.consumed[self.seq] - 1 + depth)[:, None]  # the root sits at consumed - 1
+        for kv in self.kv:
+            kv.set_call("depth", depth, self.anc)
+        self.ctx.step = StepInputs(ids, positions, seq_index=self.seq, kv_bound=self.capacity, src_slot=src,
+                                   dst_slot=dst)
+        logits = self.model(ids, self.ctx)[:, -1]
+        self.anc[:, depth] = torch.arange(self.anc.shape[0], device=ids.device)
+        return logits
+
+    def cache_bytes(self) -> int:
+        """State slots + KV caches of the draft."""
+        return self.strategy.cache_bytes() + sum(kv.nbytes() for kv in self.kv)
