@@ -62,7 +62,7 @@ def _offenders(folder: Path, bad) -> list[str]:
     out = set()
     for f in _files(folder):
         names = _imports(f)
-        out.update(f"{f.relative_to(SRC)}: {n}" for n in names 
+        out.update(f"{f.relative_to(SRC)}: {n}" for n in names
                    if bad(n) and not (n.rpartition(".")[0] in names and bad(n.rpartition(".")[0])))
     return sorted(out)
 
