@@ -21,7 +21,7 @@ from ssmspec.engine.generate import generate
 from ssmspec.models import load_model, load_preset
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.loading_mil import config_from_mil
-from ssmspec.models.mil import llama3_inv_freq
+from ssmspec.models.rope import llama3_inv_freq
 from ssmspec.strategies import SpecConfig, StepInputs, make_strategy, strategy_names
 from ssmspec.verify.base import Verdict
 

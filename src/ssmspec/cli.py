@@ -30,10 +30,11 @@ import sys
 from pathlib import Path
 
 from ssmspec import interrupt, paths, rundir
+from ssmspec.cli_checks import (EXIT_USER, _cfg_job, _check_group_overrides, _check_launcher, _error, _precheck,
+                                _quote, _value)
+from ssmspec.cli_report import cmd_clean, cmd_figures, cmd_list, cmd_plot
 from ssmspec.pipes import GuardedStdout, StdoutClosed, silence
 
-EXIT_USER = 2
-GROUPS = ("model", "strategy", "drafter", "verify", "data", "bench", "experiment")
 
 
 class _State:
@@ -69,131 +70,7 @@ class _State:
 _STATE = _State()
 
 
-def _error(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
-    return EXIT_USER
-
-
 # run -----------------------------------------------------------------------------------------------
-def _options(group: str) -> list[str]:
-    return sorted(p.stem for p in (paths.CONF_DIR / group).glob("*.yaml"))
-
-
-def _check_group_overrides(overrides: list[str]) -> None:
-    """Unknown config-group options (experiment=foo, model=nope) fail here with the list of choices."""
-    for ov in overrides:
-        key, eq, value = ov.partition("=")
-        key = key.lstrip("+")
-        if not eq or key not in GROUPS or re.search(r"[()\[\]{}*]", value):
-            continue
-        for option in value.split(","):
-            option = option.strip()
-            if option in ("", "null") and key == "experiment":
-                continue
-            if not (paths.CONF_DIR / key / f"{option}.yaml").is_file():
-                what = {"model": "model preset", "experiment": "experiment"}.get(key, f"{key} config")
-                hint = " (`python -m ssmspec list` shows them)" if key == "experiment" else ""
-                raise ValueError(f"unknown {what} {option!r}; choose one of: {', '.join(_options(key))}{hint}")
-
-
-def _value(overrides: list[str], key: str) -> str | None:
-    for ov in overrides:
-        k, eq, v = ov.partition("=")
-        if eq and k.lstrip("+") == key:
-            return v
-    return None
-
-
-def _quote(path: str) -> str:
-    return path if re.fullmatch(r"[\w./\-+:@]+", path) else "'" + path.replace("'", "\\'") + "'"
-
-
-def _cfg_job(args: list[str]) -> bool:
-    """``--cfg job`` (or ``-c job``) without ``--package``: ssmspec prints the config that runs."""
-    return any(a in ("-c", "--cfg") and args[i + 1:i + 2] == ["job"] for i, a in enumerate(args)) and not any(
-        a in ("-p", "--package") for a in args)
-
-
-def _one_line(e: Exception) -> str:
-    """A Hydra composition or parse error as one line naming the key and the fix."""
-    first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
-    cause = str(e.__cause__ or "").strip().splitlines()
-    if cause and "is not in struct" in cause[0]:
-        return f"{first}: no such key; check its spelling (`python -m ssmspec run experiment=<id> --cfg job` " \
-               f"lists every key)"
-    if "no viable alternative" in first or "mismatched input" in first or "extraneous input" in first:
-        return f"cannot parse an override ({first}); see https://hydra.cc/docs/advanced/override_grammar/basic"
-    return f"{first}: {cause[0]}" if cause else first
-
-
-def _variants(overrides: list[str]) -> list[list[str]]:
-    """The runs a sweep's overrides ask for, enough to try every value once: the first value of every
-    sweep, then each other value of one sweep at a time (not the whole product)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = [[f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()] if ov.is_sweep_override()
-               else [ov.input_line] for ov in parsed]
-    base = [c[0] for c in choices]
-    out = [base]
-    for i, c in enumerate(choices):
-        out += [base[:i] + [v] + base[i + 1:] for v in c[1:]]
-    return out
-
-
-def _precheck(overrides: list[str], *, multirun: bool) -> list:
-    """Compose and validate every run the overrides ask for before Hydra starts any (one ``error:`` line
-    for a bad key, type or value, never a half-started sweep); returns the prepared configs."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from ssmspec.runner import prepare
-
-    cfgs = []
-    quiet = logging.getLogger("ssmspec")  # the job logs what prepare decides; once is enough
-    level = quiet.level
-    quiet.setLevel(logging.WARNING)
-    try:
-        variants = _variants(overrides) if multirun else [overrides]
-        with initialize_config_dir(config_dir=str(paths.CONF_DIR), version_base="1.3", job_name="precheck"):
-            for ov in variants:
-                cfgs.append(prepare(compose("config", overrides=ov), cli_overrides=ov)[0])
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(_one_line(e)) from e
-    finally:
-        quiet.setLevel(level)
-    return cfgs
-
-
-# hydra/launcher choices of hydra-submitit-launcher -> (Python modules they import, commands they run)
-_SUBMITIT = ("submitit", "hydra_plugins.hydra_submitit_launcher")
-_LAUNCHER_NEEDS = {"slurm": (_SUBMITIT, ("sbatch", "srun")), "submitit_slurm": (_SUBMITIT, ("sbatch", "srun")),
-                   "submitit_local": (_SUBMITIT, ())}
-_LAUNCH_HERE = "here, run the sweep with hydra/launcher=gpu_queue, or without hydra/launcher (one job after another)"
-
-
-def _check_launcher(overrides: list[str]) -> None:
-    """A sweep through submitit on a machine without it (or, for Slurm, without Slurm) fails before Hydra
-    starts, naming what is missing and the fix, instead of a traceback from inside the launcher."""
-    import importlib.util
-    import shutil
-
-    choice = _value(overrides, "hydra/launcher")
-    modules, commands = _LAUNCHER_NEEDS.get(choice, ((), ()))
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    if missing:
-        needs = (f"hydra-submitit-launcher ({' and '.join(missing)} {'does' if len(missing) == 1 else 'do'} not "
-                 f"import here)" +
-                 (" and a Slurm cluster" if commands else ""))
-        install = "on the cluster, pip install -e \".[slurm]\"" if commands else "pip install -e \".[slurm]\""
-        raise ValueError(f"hydra/launcher={choice} needs {needs}: {install}; {_LAUNCH_HERE}")
-    absent = [c for c in commands if shutil.which(c) is None]
-    if absent:
-        raise ValueError(f"hydra/launcher={choice} submits the sweep to a Slurm cluster, and this machine has no "
-                         f"Slurm ({' and '.join(absent)} not on PATH): run it on the cluster's login node; {_LAUNCH_HERE}")
-
-
 def _job(cfg) -> None:
     """The Hydra task: run the experiment into the job's output directory.
 
@@ -368,106 +245,6 @@ def _run_hydra(args: list[str], *, multirun: bool, inspect_only: bool) -> int:
         return code
     finally:
         sys.argv = saved
-    return 0
-
-
-# plot / figures -------------------------------------------------------------------------------------
-def _draw(exp, run_dir: Path, out: Path) -> Path:
-    """Draw ``exp``'s figure from ``run_dir``'s rows into ``out``, through a hidden file renamed into place
-    (an interrupted drawing leaves the older figure, not half a PNG)."""
-    from ssmspec.registry import read_results
-
-    df = read_results(run_dir)
-    if df.empty:
-        raise ValueError(f"{run_dir}/results.jsonl has no rows")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
-    try:
-        exp.plot_fn()(df, tmp)
-        if not tmp.is_file():
-            raise RuntimeError(f"plot function {exp.plot} wrote no file at {out}")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return out
-
-
-def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = None, out: str | None = None,
-             results_root: Path | None = None, figures_dir: Path | None = None) -> int:
-    """Draw ``exp_id``'s figure: from one run directory (``run_dir``), else from the reference results of each
-    profile under ``results_root`` (default results/) into ``figures_dir`` (default results/figures/)."""
-    from ssmspec.registry import figure_path, get_experiment, reference_dir, reference_profiles
-
-    try:
-        exp = get_experiment(exp_id)
-        if run_dir:
-            target = Path(out) if out else Path(run_dir) / f"{exp_id}.png"
-            print(_draw(exp, Path(run_dir), target))
-            return 0
-        profiles = [profile] if profile else reference_profiles(exp_id, root=results_root)
-        if not profiles:
-            root = results_root or paths.RESULTS_DIR
-            raise ValueError(f"no reference results for {exp_id!r} under {root}/{exp_id}/; run `python -m ssmspec "
-                             f"run experiment={exp_id} --save-reference`, or plot a run with --from runs/...")
-        if out and len(profiles) > 1:
-            raise ValueError("--out names one file: add --profile cpu|gpu")
-        for p in profiles:
-            target = Path(out) if out else figure_path(exp_id, p, figures=figures_dir)
-            print(paths.shown(_draw(exp, reference_dir(exp_id, p, root=results_root), target)))
-    except ValueError as e:
-        return _error(str(e))
-    return 0
-
-
-def cmd_figures(results_root: Path | None = None, figures_dir: Path | None = None,
-                ids: list[str] | None = None) -> int:
-    """Draw every figure (of ``ids`` only, if given) that has results under ``results_root``."""
-    from ssmspec.registry import experiments, reference_profiles
-
-    try:
-        exps = [e for e in experiments() if ids is None or e.id in ids]
-    except ValueError as e:
-        return _error(str(e))
-    status, seen, drawn = 0, 0, 0
-    try:
-        for exp in exps:
-            if reference_profiles(exp.id, root=results_root):
-                status = max(status, cmd_plot(exp.id, results_root=results_root, figures_dir=figures_dir))
-                drawn += 1
-            else:
-                print(f"{exp.id}: no reference results yet (skipped)")
-            seen += 1
-    except interrupt.Interrupted as e:
-        e.detail = e.detail or (f"the figures of {drawn} experiment(s) were drawn and are kept; not drawn: "
-                                f"{', '.join(x.id for x in exps[seen:])}")
-        raise
-    return status
-
-
-# list / clean ---------------------------------------------------------------------------------------
-def cmd_list() -> int:
-    from ssmspec.registry import experiments, reference_profiles
-
-    try:
-        exps = experiments()
-    except ValueError as e:
-        return _error(str(e))
-    width = max([len(e.id) for e in exps] + [2])
-    print(f"{'id':<{width}}  {'profiles':<8}  {'gpu?':<4}  {'results':<7}  title")
-    for e in exps:
-        print(f"{e.id:<{width}}  {','.join(e.profiles):<8}  {e.gpu_label:<4}  "
-              f"{','.join(reference_profiles(e.id)) or '-':<7}  {e.title}")
-    if any(e.interpreter_ok for e in exps):
-        print("yes*: a CUDA GPU, or Triton's CPU interpreter (TRITON_INTERPRET=1; slow, for small grids)")
-    return 0
-
-
-def cmd_clean(*, keep_runs: bool) -> int:
-    """Remove the staging folders killed runs left under results/ and runs/, then (unless ``keep_runs``)
-    runs/, outputs/ and multirun/, keeping whatever a live run uses."""
-    runs = [Path(n).absolute() for n in ("runs", "outputs", "multirun")]
-    for line in rundir.clean(paths.RESULTS_DIR, runs, remove_runs=not keep_runs):
-        print(f"clean: {line}")
     return 0
 
 

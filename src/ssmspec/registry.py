@@ -36,7 +36,8 @@ REQUIRED = ("id", "title", "bench", "plot", "profiles")
 # what an experiment may list under `reads:` (the settings its bench function reads besides `bench`)
 READABLE = ("model", "strategy", "drafter", "verify", "data", "sampling", "seed", "checkpoint")
 # decided_by of a file that declares none: everything that runs or configures a run; what only reports is out
-DEFAULT_DECIDED_BY = ("src/ssmspec/", "conf/", "!src/ssmspec/plots/", "!src/ssmspec/cli.py", "!src/ssmspec/summary.py")
+DEFAULT_DECIDED_BY = ("src/ssmspec/", "conf/", "!src/ssmspec/plots/", "!src/ssmspec/cli.py", "!src/ssmspec/cli_checks.py",
+                      "!src/ssmspec/cli_report.py", "!src/ssmspec/summary.py")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ssmspec.bench.kernels_replay import count_cycle, replay_step_bytes
+from ssmspec.bench.replay_measure import count_cycle, replay_step_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["profile=cpu", "bench.presets=[tiny-mamba2]", "bench.batch=[2]", "bench.warmup=0", "bench.iters=2"]

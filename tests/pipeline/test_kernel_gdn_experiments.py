@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ssmspec.bench.kernels_gdn import GDN_MIXERS, gdn_io_bytes, gdn_replay_step_bytes
-from ssmspec.bench.kernels_replay import count_cycle
+from ssmspec.bench.replay_measure import count_cycle
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["profile=cpu", "bench.presets=[tiny-mamba2]", "bench.gdn_presets=[tiny-gdn]", "bench.batch=[2]",

@@ -5,10 +5,9 @@ import torch
 
 from ssmspec.engine.context import RunContext
 from ssmspec.models.config import load_preset
-from ssmspec.models.gdn import gdn_chunk_scan, gdn_tree_scan, l2norm
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
-from ssmspec.ops.gdn import gdn_recurrence_ref
+from ssmspec.ops.gdn import gdn_chunk_scan, gdn_recurrence_ref, gdn_tree_scan, l2norm
 from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 
 QWEN = ["tiny-qwen3.5", "tiny-qwen3-next"]

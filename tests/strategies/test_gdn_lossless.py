@@ -82,7 +82,6 @@ def test_gdn_step_is_device_side_meta(strategy, monkeypatch):
     refuses (their Triton kernels do not), so the strategies' own code runs around shape-only op stand-ins."""
     import torch
 
-    import ssmspec.models.gdn as gdn_mod
     import ssmspec.strategies.activation_replay as ar_mod
     import ssmspec.strategies.joint_attainment as ja_mod
     import ssmspec.strategies.replay as rp_mod
@@ -112,7 +111,8 @@ def test_gdn_step_is_device_side_meta(strategy, monkeypatch):
         monkeypatch.setattr(mod, "gdn_multistep", multistep)
     monkeypatch.setattr(sn_mod, "gdn_multistep_snapshot", snapshot)
     monkeypatch.setattr(rp_mod, "gdn_replay_verify", lambda *a, **k: torch.empty_like(a[8]))
-    monkeypatch.setattr(gdn_mod, "gdn_tree_scan", tree)
+    for mod in (st_mod, rp_mod):
+        monkeypatch.setattr(mod, "gdn_tree_scan", tree)
     cfg = load_preset("tiny-qwen3-next")
     model = build_model(cfg).to("meta")
     s = make_strategy(strategy)

@@ -8,7 +8,7 @@ law, so every speculative oracle row reports both:
 - ``tokens_per_s_designed``: designed tokens / summed step time, designed tokens = sequence-steps x (1 + E[a])
   (batch x (1 + E[a]) per step: the mean step time times the designed tokens per step);
 - ``mean_accepted`` (measured) and ``expected_accepted`` (designed), ``accepted_gap`` = measured / designed - 1
-  and ``accepted_within``: |gap| <= ``ACCEPTED_TOLERANCE``;
+  and ``accepted_within``: |gap| <= ``ACCEPTED_TOLERANCE`` (``accepted_tolerance``, written beside it for the figures);
 - ``sequence_steps``: the (sequence, step) pairs behind the measured mean, and ``steps_needed``: the a-priori
   count of steps per sequence the law asks for (``drafting/weyl.py: steps_needed``; None for pseudo-random draws).
 
@@ -35,5 +35,5 @@ def designed_fields(*, expected: float | None, accepted: list[int], seconds: flo
     measured = sum(accepted) / n if n else 0.0
     gap = measured / expected - 1.0
     out.update(tokens_per_s_designed=n * (1.0 + expected) / seconds, accepted_gap=gap,
-               accepted_within=bool(abs(gap) <= ACCEPTED_TOLERANCE))
+               accepted_within=bool(abs(gap) <= ACCEPTED_TOLERANCE), accepted_tolerance=ACCEPTED_TOLERANCE)
     return out

@@ -61,6 +61,7 @@ from omegaconf import DictConfig
 from ssmspec import config as C
 from ssmspec.bench.designed import designed_fields
 from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.prompt_groups import load_sets, pad_group
 from ssmspec.bench.steps import step_row
 from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.drafting.costed import CostedOracle
@@ -227,7 +228,6 @@ def fig8_drafter(cfg: DictConfig) -> str:
 def prompt_set(cfg: DictConfig, model) -> tuple[str, list[list[int]] | None]:
     """(name, token lists) of the first prompt set of ``data=`` on disk, tokenised by the model's tokenizer;
     (why not, None) where none is."""
-    from ssmspec.bench.e2e_snl import load_sets  # e2e_snl imports this module
     from ssmspec.data.tokenizers import load_tokenizer
     sets = load_sets(cfg, load_tokenizer(model), model.cfg.vocab_size)
     for ps in sets:
@@ -295,7 +295,6 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                                      f"(at most {HEADROOM:.0%} used)"}
                     continue
                 if ids is None and sample is not None:  # prompt-set tokens, left-padded to Tp
-                    from ssmspec.bench.e2e_snl import pad_group
                     ids, valid = pad_group(sample, Tp, model.cfg.pad_token_id, device)
                     prompts = sample
                 elif ids is None:

@@ -78,6 +78,7 @@ from ssmspec.bench.designed import ACCEPTED_TOLERANCE
 from ssmspec.bench.e2e import _is_oom, oracle_draws, plan_point, throughput_row
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.bench.tree_lines import ORACLE_MODES, Line, acceptance_table, chain, check_common, drafter_kind
 from ssmspec.bench.tree_sampling import (CoupledOracle, CoupledSampler, ForcedSampler, NaiveTreeSampler, PerturbedTree,
                                          coupled_reference)
 from ssmspec.drafting import weyl
@@ -89,86 +90,6 @@ from ssmspec.strategies import SpecConfig
 from ssmspec.verify.distributions import SamplingConfig
 
 log = logging.getLogger("ssmspec.bench.e2e_tree")
-
-DRAFTERS = ("auto", "oracle", "self", "draft")
-ORACLE_MODES = ("coupled", "forced")
-# Seed 003, Table 3 (MambaInLlama-8B, RTX 3090): tokens/s and tau per benchmark and temperature
-PAPER_TAB3 = {
-    0.0: {"autoregressive": {"mtbench": (39.98, 1.0), "humaneval": (39.98, 1.0), "gsm8k": (40.47, 1.0)},
-          "chain": {"mtbench": (67.68, 2.04), "humaneval": (77.18, 2.32), "gsm8k": (78.38, 2.34)},
-          "tree": {"mtbench": (69.84, 2.47), "humaneval": (78.35, 2.79), "gsm8k": (80.03, 2.83)}},
-    1.0: {"autoregressive": {"mtbench": (39.72, 1.0), "humaneval": (40.04, 1.0), "gsm8k": (40.16, 1.0)},
-          "chain": {"mtbench": (49.24, 1.55), "humaneval": (52.88, 1.65), "gsm8k": (51.80, 1.61)},
-          "tree": {"mtbench": (54.08, 2.03), "humaneval": (60.34, 2.26), "gsm8k": (58.25, 2.16)}},
-}
-# Seed 003, Table 4 (temperature 1): (max width, depth, tokens incl. the root, tokens/s, tau)
-PAPER_TAB4 = {"A": (3, 4, 13, 54.08, 2.03), "B": (16, 3, 29, 46.90, 2.15), "C": (6, 3, 16, 51.19, 2.01),
-              "D": (4, 4, 13, 54.39, 2.07), "E": (3, 5, 16, 56.79, 2.09)}
-
-
-@dataclasses.dataclass
-class Line:
-    """One curve: its label, strategy, draft shape (None: autoregressive) and verification."""
-
-    label: str
-    strategy: str
-    parents: list[int] | None = None  # draft shape (a chain is [0, 1, ..., S-1])
-    verify: str = "exact"  # exact (greedy / speculative / MSS) or naive
-    shape: str | None = None  # shape name for the rows
-
-    @property
-    def depth(self) -> int:
-        return max(check_parents(self.parents)) if self.parents else 0
-
-    @property
-    def is_chain(self) -> bool:
-        return bool(self.parents) and self.parents == list(range(len(self.parents)))
-
-
-def chain(S: int) -> list[int]:
-    return list(range(S))
-
-
-def drafter_kind(cfg: DictConfig) -> str:
-    kind = str(cfg.bench.get("drafter", "auto"))
-    if kind not in DRAFTERS:
-        raise ValueError(f"bench.drafter must be one of {', '.join(DRAFTERS)}; got {kind!r}")
-    if kind == "auto":
-        return "draft" if cfg.get("checkpoint") else "oracle"
-    return kind
-
-
-def acceptance_table(b: DictConfig) -> list[tuple[float, float, float]]:
-    """(temperature, alpha, rank_decay) of every temperature: ``bench.alpha`` / ``bench.rank_decay`` are one
-    number for all, or one per ``bench.temperature``."""
-    temps = [float(t) for t in b.temperature]
-    if not temps or min(temps) < 0:
-        raise ValueError(f"bench.temperature needs values >= 0, got {temps}")
-
-    def per_temp(key: str) -> list[float]:
-        v = b.get(key)
-        vals = [float(x) for x in v] if isinstance(v, (list, tuple)) or hasattr(v, "__len__") else [float(v)]
-        if len(vals) == 1:
-            vals = vals * len(temps)
-        if len(vals) != len(temps):
-            raise ValueError(f"bench.{key} has {len(vals)} values but bench.temperature has {len(temps)}: give one "
-                             f"value, or one per temperature")
-        if any(not 0.0 <= x <= 1.0 for x in vals):
-            raise ValueError(f"bench.{key} values must be in [0, 1], got {vals}")
-        return vals
-
-    return list(zip(temps, per_temp("alpha"), per_temp("rank_decay")))
-
-
-def check_common(b: DictConfig, what: str) -> None:
-    sizes = [int(x) for x in b.batch]
-    if not sizes or min(sizes) < 1:
-        raise ValueError(f"{what}: bench.batch needs positive sizes, got {sizes}")
-    if int(b.prompt_len) < 1 or (str(b.iters) != "auto" and int(b.iters) < 1):
-        raise ValueError(f"{what}: need bench.prompt_len >= 1 and bench.iters >= 1 (or auto)")
-    if float(b.get("sigma", 0.0)) < 0:
-        raise ValueError(f"{what}: bench.sigma is a noise std, >= 0; got {b.sigma}")
-
 
 class Runner:
     """Runs lines for one experiment: models, prompts, references, engines (module doc)."""
@@ -465,4 +386,4 @@ def run_tree_replay(cfg: DictConfig) -> Iterator[dict]:
         yield from run.run(preset, lines, acceptance_table(b))
 
 
-__all__ = ["PAPER_TAB3", "PAPER_TAB4", "expected_accepted", "run_fig4", "run_tab3", "run_tab4", "run_tree_replay"]
+__all__ = ["expected_accepted", "run_fig4", "run_tab3", "run_tab4", "run_tree_replay"]

@@ -9,7 +9,7 @@ Rows (impl):
 - ``replay`` (per R): the steady state of ReplaySSM for GDN, one ``gdn_replay_verify`` (flush rule decided
   on the device; one-token calls in the split form, ``replay-fused`` rows: in the fused form) plus
   ``gdn_replay_commit`` per step, sequences staggered over the count cycle and a whole
-  cycle in one CUDA graph (as in bench/kernels_replay.py); Fig. 9 has one row per S, R and accepted count
+  cycle in one CUDA graph (as in bench/replay_measure.py); Fig. 9 has one row per S, R and accepted count
   (``replay-rows``: the row form of the state kernel, beside the default GEMM form of 16-bit inputs).
 - Fig. 9 only: ``snapshot`` (``gdn_multistep_snapshot``: one state load, a state store per token -- the
   speculative baseline of seed 000, Alg. 7), ``fla_recurrent`` and ``fla_chunk`` (fla's fused recurrent and
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from ssmspec.bench.kernels import Ctx, chain, random_states, state_bytes
-from ssmspec.bench.kernels_replay import count_cycle
+from ssmspec.bench.replay_measure import count_cycle
 from ssmspec.bench.timing import time_eager
 from ssmspec.ops.gdn import gdn_multistep_snapshot, gdn_recurrent_update, gdn_replay_commit, gdn_replay_verify
 

@@ -32,7 +32,7 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.kernels import Ctx, mixer_sizes
-from ssmspec.bench.kernels_replay import replay_measure, snapshot_measure
+from ssmspec.bench.replay_measure import replay_measure, snapshot_measure
 from ssmspec.bench.steps import step_engine, step_row
 from ssmspec.bench.timing import summarize, time_cuda_graph, time_eager
 from ssmspec.engine.memory import HEADROOM, fmt_bytes, free_bytes, plan_bytes

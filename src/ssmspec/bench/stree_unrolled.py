@@ -24,7 +24,8 @@ from collections.abc import Iterator
 import torch
 from omegaconf import DictConfig
 
-from ssmspec.bench.e2e_tree import Line, Runner, acceptance_table
+from ssmspec.bench.e2e_tree import Runner
+from ssmspec.bench.tree_lines import Line, acceptance_table
 from ssmspec.drafting.base import DraftTree
 from ssmspec.drafting.registry import DrafterBase
 from ssmspec.drafting.static_tree import check_parents

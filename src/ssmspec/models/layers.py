@@ -3,7 +3,7 @@ checkpoints load by renaming prefixes only (``loading.py``)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -12,11 +12,9 @@ from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.kv_cache import KVCache
+from ssmspec.models.rope import apply_rope, rope_cos_sin
 from ssmspec.ops.activation import relu_square
 from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
-
-if TYPE_CHECKING:
-    from ssmspec.strategies.base import MambaParams
 
 
 class RMSNorm(nn.Module):
@@ -59,6 +57,55 @@ def _weight_key(t: Tensor | None) -> tuple | None:
     return t.data_ptr(), t.dtype, t.device, -1 if torch.is_inference(t) else t._version
 
 
+@dataclass
+class MambaParams:
+    """One Mamba-2 mixer's weights and sizes, as strategies and kernels need them."""
+
+    index: int  # position of this mixer among the model's Mamba-2 mixers (0 .. n_mamba-1)
+    conv_weight: Tensor  # (conv_dim, W)
+    conv_bias: Tensor | None  # (conv_dim,)
+    dt_bias: Tensor  # (H,)
+    A: Tensor  # (H,) fp32, = -exp(A_log)
+    D: Tensor  # (H,)
+    dt_limit: tuple[float, float]
+    heads: int  # H
+    head_dim: int  # P
+    groups: int  # G
+    state_size: int  # N
+    activation: str
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    def split_xbc(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Post-conv (B, L, conv_dim) -> x (B, L, H, P), B (B, L, G, N), C (B, L, G, N)."""
+        b, L, _ = xbc.shape
+        gn = self.groups * self.state_size
+        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
+        return (x.reshape(b, L, self.heads, self.head_dim), B.reshape(b, L, self.groups, self.state_size),
+                C.reshape(b, L, self.groups, self.state_size))
+
+    def discretize(self, dt_raw: Tensor, valid: Tensor | None = None) -> Tensor:
+        """dt = clamp(softplus(dt_raw + dt_bias)) in fp32, (B, L, H); 0 on invalid (pad / no-op) tokens,
+        which leaves the state untouched: exp(A·0) = 1 and the input term is scaled by dt = 0."""
+        dt = F.softplus(dt_raw.float() + self.dt_bias.float())
+        lo, hi = self.dt_limit
+        if lo > 0.0 or hi != float("inf"):
+            dt = dt.clamp(min=lo, max=hi)
+        if valid is not None:
+            dt = dt * valid[..., None].to(dt.dtype)
+        return dt
+
+
+@dataclass
+class MixerInputs:
+    """What a Mamba-2 mixer hands to the strategy: its projections before the conv."""
+
+    xbc: Tensor  # (B', L, conv_dim) pre-conv x | B | C
+    dt: Tensor  # (B', L, H) raw dt, before bias / softplus
+
+
 class Mamba2Mixer(nn.Module):
     """in_proj -> z | xBC | dt; the strategy runs conv + SSM on (xBC, dt); gated norm with z; out_proj."""
 
@@ -84,8 +131,6 @@ class Mamba2Mixer(nn.Module):
         """Build the constants a step needs (A = -exp(A_log) in fp32, the conv weight as (conv_dim, W))
         once; ``params`` rebuilds them when a weight changed (loading, ``.to()``, an in-place copy).
         An inference cache: A carries no autograd graph."""
-        from ssmspec.strategies.base import MambaParams
-
         c = self.cfg
         with torch.no_grad():
             A = -torch.exp(self.A_log.float())  # (H,)
@@ -103,33 +148,12 @@ class Mamba2Mixer(nn.Module):
         return self._params
 
     def forward(self, h: Tensor, ctx) -> Tensor:
-        from ssmspec.strategies.base import MixerInputs
-
         c = self.cfg
         z, xbc, dt = self.in_proj(h).split([c.d_inner, c.conv_dim, c.ssm_heads], dim=-1)
         inp = MixerInputs(xbc=xbc, dt=dt)
         p = self.params()
         y = ctx.strategy.prefill(p, inp, ctx.step) if ctx.step.prefill else ctx.strategy.mix(p, inp, ctx.step)
         return self.out_proj(self.norm(y.to(h.dtype), z))
-
-
-def rope_cos_sin(positions: Tensor, dim: int, theta: float, dtype, cfg: ModelConfig | None = None) -> tuple[Tensor, Tensor]:
-    """positions (B, L) -> cos, sin (B, L, dim) (half-rotation layout of Llama); ``cfg`` with a
-    rope_scaling_factor != 1 applies Llama 3.1's scaling (``mil.llama3_inv_freq``)."""
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=positions.device, dtype=torch.float32) / dim))
-    if cfg is not None and cfg.rope_scaling_factor != 1.0:
-        from ssmspec.models.mil import llama3_inv_freq
-        inv = llama3_inv_freq(inv, cfg)
-    ang = positions.float()[..., None] * inv  # (B, L, dim/2)
-    emb = torch.cat([ang, ang], dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (B, L, heads, D)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rot = torch.cat([-x2, x1], dim=-1)
-    return x * cos[:, :, None] + rot * sin[:, :, None]
 
 
 class Attention(nn.Module):

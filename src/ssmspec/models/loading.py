@@ -18,17 +18,19 @@ naming the keys (missing, unexpected, mismatched shapes) and the fix.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import pickle
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from ssmspec.models.checkpoint import (_RESAVE, DEFAULT_MAX_SEQ_LEN, _first_id, check_state_dict,
+                                      read_config_json, read_state_dict)
 from ssmspec.models.config import ModelConfig
+from ssmspec.models.loading_mil import MIL_CONFIG, load_mil
+from ssmspec.models.loading_qwen import QWEN_ARCHITECTURES, config_from_qwen, is_qwen, load_qwen
 from ssmspec.models.model import HybridLM
 
 log = logging.getLogger(__name__)
@@ -45,51 +47,11 @@ MAMBA_SSM_MODEL_DEFAULTS = {"d_intermediate": 0, "vocab_size": 50277, "attn_laye
                             "residual_in_fp32": True, "pad_vocab_size_multiple": 8, "tie_embeddings": True}
 # KV-cache length allocated when the checkpoint advertises more (262144 for Nemotron-3-Nano); override
 # with load_model(..., max_seq_len=...)
-DEFAULT_MAX_SEQ_LEN = 8192
-_WEIGHT_FILES = ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
-                 "pytorch_model.bin")
 _IGNORED_PREFIXES = ("mtp.",)  # NemotronH multi-token-prediction heads: transformers skips them too
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 # config ----------------------------------------------------------------------------------------
-def _decode_floats(obj):
-    """transformers 5 writes inf as {"__float__": "Infinity"}; turn such dicts back into floats."""
-    if isinstance(obj, dict):
-        if set(obj) == {"__float__"}:
-            return float(obj["__float__"])
-        return {k: _decode_floats(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode_floats(v) for v in obj]
-    return obj
-
-
-_RESAVE = "re-save the model with save_pretrained, or re-download the checkpoint"
-
-
-def _read_json(file: Path) -> dict:
-    """A JSON object from ``file``; a truncated or hand-broken file names itself, the place and the fix."""
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}; a truncated "
-                         f"download?); fix it or {_RESAVE}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"{file} cannot be read ({e}); {_RESAVE}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{file} holds a JSON {type(data).__name__}, not an object; {_RESAVE}")
-    return data
-
-
-def read_config_json(path: str | os.PathLike) -> dict:
-    """The decoded ``config.json`` of a checkpoint directory."""
-    file = Path(path) / "config.json"
-    if not file.is_file():
-        raise ValueError(f"{path}: no config.json; a checkpoint directory holds config.json plus its weights "
-                         f"(save_pretrained output or a mamba_ssm checkpoint)")
-    return _decode_floats(_read_json(file))
-
-
 # config.json fields that size the model (top level, and mamba_ssm's ssm_cfg): a value must be an integer >= 1
 _SIZE_FIELDS = ("vocab_size", "hidden_size", "num_heads", "head_dim", "state_size", "n_groups", "num_hidden_layers",
                 "conv_kernel", "chunk_size", "num_attention_heads", "num_key_value_heads", "attention_head_dim",
@@ -108,12 +70,6 @@ def _check_sizes(raw: dict, file: Path) -> None:
                                  f"or {_RESAVE}")
 
 
-def _first_id(value, default: int) -> int:
-    if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    return default if value is None else int(value)
-
-
 def _pick(hf: dict, *names, default=None):
     """First present, non-None field among ``names`` (current name first, then legacy aliases)."""
     for n in names:
@@ -125,7 +81,6 @@ def _pick(hf: dict, *names, default=None):
 def config_from_hf(hf: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
     """Map a transformers ``config.json`` (a ``model_type`` of ``HF_FAMILIES`` or a Qwen one) to our
     ``ModelConfig``."""
-    from ssmspec.models.loading_qwen import config_from_qwen, is_qwen
     if is_qwen(hf):
         return config_from_qwen(hf, name=name, max_seq_len=max_seq_len)
     family = HF_FAMILIES.get(hf.get("model_type"))
@@ -216,8 +171,6 @@ MAMBA_SSM_KEYS = ("d_model", "n_layer")  # a config.json without model_type but 
 
 def supported_architectures() -> list[str]:
     """What ``load_model`` reads, one entry per checkpoint kind, taken from the loaders' dispatch tables."""
-    from ssmspec.models.loading_mil import MIL_CONFIG
-    from ssmspec.models.loading_qwen import QWEN_ARCHITECTURES
 
     hf = {**{mt: cls for mt, (cls, _) in HF_FAMILIES.items()}, **QWEN_ARCHITECTURES}
     return [f"{cls} (model_type {mt})" for mt, cls in hf.items()] + [
@@ -227,7 +180,6 @@ def supported_architectures() -> list[str]:
 
 def unsupported_message(raw: dict, where: str) -> str:
     """``where`` holds an architecture load_model does not read: name it, every supported one and the fix."""
-    from ssmspec.models.loading_mil import MIL_CONFIG
 
     mt, archs = raw.get("model_type"), raw.get("architectures")
     names = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
@@ -281,7 +233,6 @@ def config_from_mamba_ssm(raw: dict, *, name: str = "checkpoint", max_seq_len: i
 def checkpoint_format(raw: dict, where: str = "config.json") -> str:
     """``hf`` or ``mamba_ssm`` from a decoded config.json; any other architecture raises, naming it."""
     if "model_type" in raw:
-        from ssmspec.models.loading_qwen import is_qwen
         if raw["model_type"] not in HF_FAMILIES and not is_qwen(raw):
             raise ValueError(unsupported_message(raw, where))
         return "hf"
@@ -308,45 +259,6 @@ def config_from_checkpoint(path: str | os.PathLike, *, max_seq_len: int | None =
     except (TypeError, ZeroDivisionError) as e:  # a field of the wrong type that the size check does not cover
         raise ValueError(f"{file}: a field has a value of the wrong type ({e}); fix config.json or {_RESAVE}") from None
     return cfg.replace(source=f"checkpoint {path}")
-
-
-# weights ---------------------------------------------------------------------------------------
-def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
-    """All tensors of a checkpoint directory (safetensors, sharded or not, else pytorch_model.bin)."""
-    path = Path(path)
-    found = next((path / f for f in _WEIGHT_FILES if (path / f).is_file()), None)
-    if found is None:
-        raise ValueError(f"{path}: no weights found (looked for {', '.join(_WEIGHT_FILES)}); save the model with "
-                         f"save_pretrained or copy the checkpoint's weight files next to config.json")
-    if found.name.endswith(".index.json"):
-        weight_map = _read_json(found).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"{found}: no weight_map (tensor name -> shard file); {_RESAVE}")
-        files = [path / s for s in sorted(set(weight_map.values()))]
-        absent = [f.name for f in files if not f.is_file()]
-        if absent:
-            raise ValueError(f"{found} lists shard(s) {_listing(absent)} that are not in {path}; copy or re-download "
-                             f"every shard")
-    else:
-        files = [found]
-    sd: dict[str, Tensor] = {}
-    for f in files:
-        sd.update(_read_weights(f))
-    return sd
-
-
-def _read_weights(file: Path) -> dict[str, Tensor]:
-    """The tensors of one weight file; a truncated or corrupt file is named with the fix."""
-    from safetensors import SafetensorError
-
-    try:
-        if file.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            return load_file(str(file))
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except (SafetensorError, OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
-        raise ValueError(f"{file}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                         f"the file is truncated or corrupt: {_RESAVE}") from None
 
 
 def convert_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
@@ -379,43 +291,6 @@ def convert_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str, Ten
     if cfg.tie_embeddings:
         out.pop("lm_head.weight", None)  # same matrix as the embedding (mamba_ssm saves both)
     return out
-
-
-def _expected_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    with torch.device("meta"):
-        model = HybridLM(cfg)
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    if cfg.tie_embeddings:
-        shapes.pop("lm_head.weight", None)
-    return shapes
-
-
-def _listing(items: list[str], limit: int = 12) -> str:
-    more = f" ... (+{len(items) - limit} more)" if len(items) > limit else ""
-    return ", ".join(items[:limit]) + more
-
-
-def check_state_dict(sd: dict[str, Tensor], cfg: ModelConfig, *, where: str = "checkpoint") -> None:
-    """Raise one ``ValueError`` naming every missing / unexpected key and shape mismatch."""
-    expected = _expected_shapes(cfg)
-    missing = sorted(set(expected) - set(sd))
-    unexpected = sorted(set(sd) - set(expected))
-    mismatched = sorted(f"{k} {tuple(sd[k].shape)} vs {expected[k]}" for k in set(sd) & set(expected)
-                        if tuple(sd[k].shape) != expected[k])
-    if not (missing or unexpected or mismatched):
-        return
-    head = (f"{where} does not match its config ({cfg.family}, pattern {cfg.pattern!r}, d_model {cfg.d_model}, "
-            f"vocab {cfg.vocab_size}):")
-    lines = [head]
-    if missing:
-        lines.append(f"  missing keys ({len(missing)}): {_listing(missing)}")
-    if unexpected:
-        lines.append(f"  unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
-    if mismatched:
-        lines.append(f"  shape mismatches, checkpoint vs config ({len(mismatched)}): {_listing(mismatched)}")
-    lines.append("Fix: make config.json describe these weights (layer pattern, head counts, sizes, vocab_size, "
-                 "tie_word_embeddings), or re-save the checkpoint with save_pretrained / re-download all shards.")
-    raise ValueError("\n".join(lines))
 
 
 # entry point ------------------------------------------------------------------------------------
@@ -454,9 +329,7 @@ def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.
     """
     path = resolve_checkpoint(path_or_hub_id)
     if (path / "mamba_config.json").is_file():  # MambaInLlama: Llama config.json + mamba_config.json
-        from ssmspec.models.loading_mil import load_mil
         return load_mil(path, device=device, dtype=dtype, max_seq_len=max_seq_len)
-    from ssmspec.models.loading_qwen import is_qwen, load_qwen
     raw = read_config_json(path)
     if is_qwen(raw):  # Qwen3.5 / Qwen3-Next: Gated DeltaNet hybrids
         _check_sizes(raw, path / "config.json")

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
-from ssmspec.models.loading import DEFAULT_MAX_SEQ_LEN, _first_id, check_state_dict, read_config_json, read_state_dict
+from ssmspec.models.checkpoint import DEFAULT_MAX_SEQ_LEN, _first_id, check_state_dict, read_config_json, read_state_dict
 from ssmspec.models.model import HybridLM
 
 log = logging.getLogger(__name__)

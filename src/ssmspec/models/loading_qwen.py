@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ssmspec.models.checkpoint import DEFAULT_MAX_SEQ_LEN, _first_id, check_state_dict, read_state_dict
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.model import HybridLM
 
@@ -81,7 +82,6 @@ def _moe_layers(hf: dict, n: int) -> list[bool]:
 
 def config_from_qwen(raw: dict, *, name: str = "checkpoint", max_seq_len: int | None = None) -> ModelConfig:
     """Map a Qwen3.5 / Qwen3-Next ``config.json`` to our ``ModelConfig`` (fields named in every error)."""
-    from ssmspec.models.loading import DEFAULT_MAX_SEQ_LEN, _first_id
 
     hf = _text(raw)
     mt = raw.get("model_type")
@@ -209,7 +209,6 @@ def convert_qwen_state_dict(sd: dict[str, Tensor], cfg: ModelConfig) -> dict[str
 def load_qwen(path: str | os.PathLike, raw: dict, *, device="cpu", dtype: torch.dtype = torch.float32,
               max_seq_len: int | None = None) -> HybridLM:
     """A ``HybridLM`` with the weights of a Qwen3.5 / Qwen3-Next checkpoint directory (``raw``: its config.json)."""
-    from ssmspec.models.loading import check_state_dict, read_state_dict
 
     path = Path(path)
     try:

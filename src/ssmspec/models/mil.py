@@ -1,5 +1,5 @@
-"""MambaInLlama's Mamba-2 mixer (Wang et al. 2024, ``jxiw/MambaInLlama`` ``mamba2/hybrid_mamba_layer.py``)
-and Llama 3.1's RoPE scaling, which its attention layers keep.
+"""MambaInLlama's Mamba-2 mixer (Wang et al. 2024, ``jxiw/MambaInLlama`` ``mamba2/hybrid_mamba_layer.py``);
+Llama 3.1's RoPE scaling, which its attention layers keep, is ``rope.llama3_inv_freq``.
 
 The mixer was distilled from an attention layer, and its projections keep the attention's shapes (the
 checkpoint initialised x, B, C from v, k, q):
@@ -16,14 +16,12 @@ repeat. Gated norm (group size d_inner / G), D, dt and A are those of Mamba-2.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
-from ssmspec.models.layers import Mamba2Mixer
-from ssmspec.strategies.base import MambaParams
+from ssmspec.models.layers import Mamba2Mixer, MambaParams
 
 
 @dataclass
@@ -57,16 +55,3 @@ class MILMixer(Mamba2Mixer):
         fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(MambaParams)}
         self._params = MILParams(**fields, d_xb=self.cfg.d_xb)
         return self._params
-
-
-def llama3_inv_freq(inv_freq: Tensor, cfg: ModelConfig) -> Tensor:
-    """Llama 3.1's "llama3" RoPE scaling of the inverse frequencies (dim/2,): wavelengths shorter than
-    original_max_pos / high_freq_factor are kept, longer than original_max_pos / low_freq_factor divided by
-    the factor, and the band between interpolated smoothly (transformers' ``_compute_llama3_parameters``)."""
-    factor, low, high = cfg.rope_scaling_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
-    old = cfg.rope_original_max_pos
-    wavelen = 2 * math.pi / inv_freq
-    smooth = ((old / wavelen - low) / (high - low)).clamp(0.0, 1.0)  # 0: long waves, 1: short waves
-    scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-    out = scaled.where(wavelen >= old / high, inv_freq)  # short waves: unchanged
-    return out.where(wavelen <= old / low, inv_freq / factor)  # long waves: divided by the factor

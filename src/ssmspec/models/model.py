@@ -14,6 +14,7 @@ from torch import Tensor
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.gdn import GDNMixer
 from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, QwenMoE, RMSNorm
+from ssmspec.models.mil import MILMixer
 
 
 class Block(nn.Module):
@@ -22,8 +23,7 @@ class Block(nn.Module):
         self.kind = kind
         self.residual_in_fp32 = cfg.residual_in_fp32
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        if kind == "M" and cfg.d_xb:  # MambaInLlama's mixer (imported here: mil.py needs strategies.base)
-            from ssmspec.models.mil import MILMixer
+        if kind == "M" and cfg.d_xb:  # MambaInLlama's mixer
             self.mixer = MILMixer(cfg, index)
         elif kind == "M":
             self.mixer = Mamba2Mixer(cfg, index)

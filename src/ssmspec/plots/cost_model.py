@@ -10,7 +10,6 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from ssmspec.bench.cost_model_scoring import CHOOSERS, GOAL_AT_BATCH
 from ssmspec.plots.style import provenance
 
 STYLE = {"policy": dict(marker="*", ms=11, color="k"), "best_fixed": dict(marker="s", ms=6, color="C3"),
@@ -48,7 +47,9 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
         summ = m[m["kind"] == "batch_summary"]
         rng = m[m["kind"] == "range"].set_index("chooser")
         scored = m[m["kind"].isin(["policy", "baseline"])]
-        for k, name in enumerate(CHOOSERS):
+        goal = float(split["goal_at_batch"])  # the criterion the scoring applied (bench/cost_model_scoring.py)
+        choosers = list(rng.index)  # one range row per chooser, in the scoring's order
+        for k, name in enumerate(choosers):
             g = summ[summ["chooser"] == name].sort_values("batch")
             x = g["batch"] * (1 + 0.04 * (k - 1))  # side by side at each batch
             r = rng.loc[name]
@@ -60,14 +61,14 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
             ax.plot(s["batch"] * (1 + 0.04 * (k - 1)), s["score"], ".", color=STYLE[name]["color"], alpha=0.4, ms=4)
         for f in fitted:
             ax.axvline(f, color="0.6", ls=":", lw=0.8)
-        ax.axhline(GOAL_AT_BATCH, color="r", ls="--", lw=0.8, label=f"goal: mean >= {GOAL_AT_BATCH}")
+        ax.axhline(goal, color="r", ls="--", lw=0.8, label=f"goal: mean >= {goal}")
         pol = rng.loc["policy"]
         ax.set_title(f"{model}: score at each held-out batch (mean, range and seeds)\npolicy vs best fixed: "
                      f"{pol['vs_best_fixed']} ({pol['ratio_to_best_fixed']:.3f}x), vs nearest fitted: "
                      f"{pol['vs_nearest_fitted']} ({pol['ratio_to_nearest_fitted']:.3f}x)", fontsize=8)
         ax.set(xlabel="batch (held out; dotted: fitted)", ylabel="tokens/s of the pick / of the fastest setting")
         _batch_ticks(ax, fitted + list(split["heldout_batches"]))
-        lo = min(float(summ["score_min"].min()), GOAL_AT_BATCH)
+        lo = min(float(summ["score_min"].min()), goal)
         ax.set_ylim(lo - 0.03, 1.01)
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.16))  # below: the bars reach 0.5
 
@@ -78,7 +79,7 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
             S = int(m.loc[m["setting"] == label, "S"].dropna().iloc[0])
             axt.plot(g["batch"], g["tokens_per_s"], lw=1, color=f"C{k % 10}", ls="-" if S == 0 else "--", label=label)
         table = mean.set_index(["setting", "batch"])["tokens_per_s"]
-        for name in CHOOSERS:
+        for name in choosers:
             picks = scored[scored["chooser"] == name][["batch", "setting"]].drop_duplicates()
             axt.plot(picks["batch"], [table[(s, b)] for b, s in zip(picks["batch"], picks["setting"])], ls="none",
                      fillstyle="none", label=f"pick: {NAMES[name]}", **STYLE[name])

@@ -11,8 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ssmspec.engine.memory import fmt_bytes
-from ssmspec.plots.style import ok_rows, provenance
+from ssmspec.plots.style import fmt_bytes, ok_rows, provenance
 
 # seed 000: 3.0-3.3x snapshot's batch (Fig. 11, memory alone). Its Fig. 8 speedups (1.87-1.96x) rest on the
 # acceptance its MTP drafters measured; ours on the oracle's designed one, so the figure does not quote them.

@@ -15,12 +15,23 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from ssmspec.bench.e2e_tree import PAPER_TAB3, PAPER_TAB4
 from ssmspec.plots.designed import (DESIGNED, MEASURED_MARK, has_designed, rerun_note, speedup, tokens_per_s,
                                     within_note)
 from ssmspec.plots.style import ok_rows, provenance
 
 PAPER = "paper, measured acceptance (MambaInLlama-8B, RTX 3090)"
+# Seed 003, Table 3 (MambaInLlama-8B, RTX 3090): tokens/s and tau per benchmark and temperature
+PAPER_TAB3 = {
+    0.0: {"autoregressive": {"mtbench": (39.98, 1.0), "humaneval": (39.98, 1.0), "gsm8k": (40.47, 1.0)},
+          "chain": {"mtbench": (67.68, 2.04), "humaneval": (77.18, 2.32), "gsm8k": (78.38, 2.34)},
+          "tree": {"mtbench": (69.84, 2.47), "humaneval": (78.35, 2.79), "gsm8k": (80.03, 2.83)}},
+    1.0: {"autoregressive": {"mtbench": (39.72, 1.0), "humaneval": (40.04, 1.0), "gsm8k": (40.16, 1.0)},
+          "chain": {"mtbench": (49.24, 1.55), "humaneval": (52.88, 1.65), "gsm8k": (51.80, 1.61)},
+          "tree": {"mtbench": (54.08, 2.03), "humaneval": (60.34, 2.26), "gsm8k": (58.25, 2.16)}},
+}
+# Seed 003, Table 4 (temperature 1): (max width, depth, tokens incl. the root, tokens/s, tau)
+PAPER_TAB4 = {"A": (3, 4, 13, 54.08, 2.03), "B": (16, 3, 29, 46.90, 2.15), "C": (6, 3, 16, 51.19, 2.01),
+              "D": (4, 4, 13, 54.39, 2.07), "E": (3, 5, 16, 56.79, 2.09)}
 
 
 def _finish(fig, df: pd.DataFrame, title: str, out: Path, note: str = "") -> None:

@@ -1,12 +1,13 @@
 """The Strategy protocol: how the SSM state of every Mamba-2 mixer is kept during (speculative) decoding.
 
-Mixer kinds: Mamba-2 mixers hand ``MambaParams`` + ``MixerInputs`` to ``prefill`` / ``mix``; Gated DeltaNet
-mixers (Qwen3-Next / Qwen3.5, ``models/gdn.py``) hand ``GDNParams`` + ``GDNInputs`` to ``prefill_gdn`` /
+Mixer kinds: Mamba-2 mixers (``models/layers.py``) hand ``MambaParams`` + ``MixerInputs`` to ``prefill`` /
+``mix``; Gated DeltaNet mixers (Qwen3-Next / Qwen3.5, ``models/gdn.py``) hand ``GDNParams`` + ``GDNInputs`` (the
+model defines these four types; this module re-exports them) to ``prefill_gdn`` /
 ``mix_gdn``; ``run_mixer`` dispatches on the params' kind. Each kind has its own state tensors
 (``conv_state`` / ``ssm_state`` and ``gdn_conv_state`` / ``gdn_state``, allocated by ``allocate_gdn``);
 ``commit`` moves both. A strategy that keeps no GDN state refuses a GDN model at ``allocate``.
 Every registered strategy keeps GDN state. Token trees on GDN layers: ``stree`` and ``replay`` verify them
-with the tree-masked WY solve (``models.gdn.gdn_tree_scan``, PyTorch: STree's Triton tree scan is the
+with the tree-masked WY solve (``ops.gdn.gdn_tree_scan``, PyTorch: STree's Triton tree scan is the
 diagonal-decay SSD form, which the delta rule is not; replay's GDN Triton verify takes a causal window);
 snapshot, activation_replay and joint_attainment verify chains only, for GDN as for Mamba-2 (a serial scan
 per row cannot verify a tree in one row).
@@ -28,11 +29,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
+from ssmspec.models.gdn import GDNInputs, GDNParams  # re-exported: the types a GDN mixer hands over
+from ssmspec.models.layers import MambaParams, MixerInputs  # re-exported: the types a Mamba-2 mixer hands over
 from ssmspec.ops.causal_conv1d import causal_conv1d
+from ssmspec.ops.gdn import gdn_chunk_scan
 from ssmspec.ops.ssd import ssd_chunk_scan
 
 
@@ -49,107 +52,6 @@ class SpecConfig:
     def nodes(self) -> int:
         """Draft nodes per sequence and step (excluding the pending token)."""
         return self.tree_size if self.tree_size else self.num_drafts * self.draft_len
-
-
-@dataclass
-class MambaParams:
-    """One Mamba-2 mixer's weights and sizes, as strategies and kernels need them."""
-
-    index: int  # position of this mixer among the model's Mamba-2 mixers (0 .. n_mamba-1)
-    conv_weight: Tensor  # (conv_dim, W)
-    conv_bias: Tensor | None  # (conv_dim,)
-    dt_bias: Tensor  # (H,)
-    A: Tensor  # (H,) fp32, = -exp(A_log)
-    D: Tensor  # (H,)
-    dt_limit: tuple[float, float]
-    heads: int  # H
-    head_dim: int  # P
-    groups: int  # G
-    state_size: int  # N
-    activation: str
-
-    @property
-    def d_inner(self) -> int:
-        return self.heads * self.head_dim
-
-    def split_xbc(self, xbc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Post-conv (B, L, conv_dim) -> x (B, L, H, P), B (B, L, G, N), C (B, L, G, N)."""
-        b, L, _ = xbc.shape
-        gn = self.groups * self.state_size
-        x, B, C = xbc.split([self.d_inner, gn, gn], dim=-1)
-        return (x.reshape(b, L, self.heads, self.head_dim), B.reshape(b, L, self.groups, self.state_size),
-                C.reshape(b, L, self.groups, self.state_size))
-
-    def discretize(self, dt_raw: Tensor, valid: Tensor | None = None) -> Tensor:
-        """dt = clamp(softplus(dt_raw + dt_bias)) in fp32, (B, L, H); 0 on invalid (pad / no-op) tokens,
-        which leaves the state untouched: exp(A·0) = 1 and the input term is scaled by dt = 0."""
-        dt = F.softplus(dt_raw.float() + self.dt_bias.float())
-        lo, hi = self.dt_limit
-        if lo > 0.0 or hi != float("inf"):
-            dt = dt.clamp(min=lo, max=hi)
-        if valid is not None:
-            dt = dt * valid[..., None].to(dt.dtype)
-        return dt
-
-
-@dataclass
-class GDNParams:
-    """One Gated DeltaNet mixer's weights and sizes, as strategies need them (q, k, v as seed 000 writes them)."""
-
-    index: int  # position among the model's GDN mixers
-    conv_weight: Tensor  # (conv_dim, W) over q | k | v, no bias
-    dt_bias: Tensor  # (H,)
-    A: Tensor  # (H,) fp32, = -exp(A_log)
-    k_heads: int  # G
-    v_heads: int  # H
-    k_dim: int  # N
-    v_dim: int  # P
-    chunk_size: int = 64
-    conv_bias = None
-    activation = "silu"
-    kind = "gdn"
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
-
-    def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Post-conv (B, L, conv_dim) -> q, k (B, L, G, N) l2-normalised, v (B, L, H, P)."""
-        from ssmspec.models.gdn import l2norm
-
-        b, L, _ = qkv.shape
-        kd = self.k_heads * self.k_dim
-        q, k, v = qkv.split([kd, kd, self.v_heads * self.v_dim], dim=-1)
-        return (l2norm(q.reshape(b, L, self.k_heads, self.k_dim)), l2norm(k.reshape(b, L, self.k_heads, self.k_dim)),
-                v.reshape(b, L, self.v_heads, self.v_dim))
-
-    def gates(self, a: Tensor, b: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """g = -exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b), (B, L, H) in at least fp32; both 0 on
-        invalid (pad / no-op) tokens, which leaves the state untouched (decay e^0 = 1, correction β·(...) = 0)."""
-        cd = torch.promote_types(a.dtype, torch.float32)
-        g = self.A.to(cd) * F.softplus(a.to(cd) + self.dt_bias.to(cd))
-        beta = torch.sigmoid(b.to(cd))
-        if valid is not None:
-            ok = valid[..., None].to(cd)
-            g, beta = g * ok, beta * ok
-        return g, beta
-
-
-@dataclass
-class GDNInputs:
-    """What a GDN mixer hands to the strategy: its projections before the conv."""
-
-    qkv: Tensor  # (B', L, conv_dim) pre-conv q | k | v
-    b: Tensor  # (B', L, H) pre-sigmoid beta
-    a: Tensor  # (B', L, H) pre-softplus gate
-
-
-@dataclass
-class MixerInputs:
-    """What a Mamba-2 mixer hands to the strategy: its projections before the conv."""
-
-    xbc: Tensor  # (B', L, conv_dim) pre-conv x | B | C
-    dt: Tensor  # (B', L, H) raw dt, before bias / softplus
 
 
 @dataclass
@@ -344,8 +246,6 @@ def run_prefill_gdn(p: GDNParams, inp: GDNInputs, step: StepInputs, *, conv_stat
                     state: Tensor | None = None):
     """Conv + chunked WY scan of a whole prompt through a GDN mixer (left padding: zeros into the conv, g = beta
     = 0 in the scan). Returns y (B, L, H, P), the conv state (B, conv_dim, W-1) and the state (B, H, N, P) fp32."""
-    from ssmspec.models.gdn import gdn_chunk_scan
-
     qkv = inp.qkv
     if step.valid is not None:
         qkv = qkv * step.valid[..., None].to(qkv.dtype)

@@ -37,7 +37,7 @@ Ablation options (seed 001 Table 2; ``make_strategy("joint_attainment", scan=...
 
 Gated DeltaNet mixers (``mix_gdn``) follow the same rows and slots with (H, N, P) states: no-op tokens carry
 g = beta = 0 (the state passes through), ``scan`` picks ``ops.gdn.gdn_multistep`` (fused), the chunked WY
-scan (``models.gdn.gdn_chunk_scan``, chunk) or one ``gdn_multistep`` launch per column (loop).
+scan (``ops.gdn.gdn_chunk_scan``, chunk) or one ``gdn_multistep`` launch per column (loop).
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
-from ssmspec.ops.gdn import gdn_multistep
+from ssmspec.ops.gdn import gdn_chunk_scan, gdn_multistep
 from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.ops.selective_state_update import selective_state_update
 from ssmspec.ops.ssd import ssd_chunk_scan
@@ -141,7 +141,6 @@ class JointAttainment(StrategyBase):
             uc = torch.where(torch.arange(rows, device=q.device) % R == 0, L, 0)
             y = gdn_multistep(st, q, k, v, g, beta, update_count=uc, store_state=True)
         elif self.scan == "chunk":
-            from ssmspec.models.gdn import gdn_chunk_scan
             y, final = gdn_chunk_scan(q, k, v, g, beta, chunk_size=p.chunk_size, initial_state=st)
             st.index_copy_(0, extra, final[extra])
         else:

@@ -31,7 +31,7 @@ every token through the triangular solve of the WY form, the append -- then ``gd
 (or several chains) on GDN layers: that kernel takes a causal window, so a tree call runs in PyTorch
 (``_verify_gdn_tree``): the same flush, then the state after the committed entries is materialized from S0
 and the ring and the tree is solved with the triangular system restricted to ancestors
-(``models.gdn.gdn_tree_scan``: every node's correction is its own path's, so the accepted path's entries
+(``ops.gdn.gdn_tree_scan``: every node's correction is its own path's, so the accepted path's entries
 are exactly what a chain would have cached); commit gathers the path as for Mamba-2. Correct on every device,
 not a fast kernel.
 """
@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
-from ssmspec.ops.gdn import gdn_replay_commit, gdn_replay_verify
+from ssmspec.ops.gdn import (gdn_replay_commit, gdn_replay_flush_flags, gdn_replay_state_ref, gdn_replay_verify,
+                             gdn_tree_scan)
 from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_verify
 from ssmspec.ops.tree_scan import tree_conv1d
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
@@ -129,9 +130,6 @@ class Replay(StrategyBase):
                          tree_mask: Tensor) -> Tensor:
         """A token tree through GDN layer i (module doc): flush where count + 2L > R, solve the tree from the state
         after the committed entries, append (k, U, g) at slots (head + count + s) % R. Device-side, no sync."""
-        from ssmspec.models.gdn import gdn_tree_scan
-        from ssmspec.ops.gdn import gdn_replay_flush_flags, gdn_replay_state_ref
-
         S0, rk, ru, rg = self.gdn_state[i], self.gdn_ring_k[i], self.gdn_ring_u[i], self.gdn_ring_g[i]
         head, count = self.gdn_head[i], self.gdn_count[i]
         bsz, L, R = q.shape[0], q.shape[1], rk.shape[1]

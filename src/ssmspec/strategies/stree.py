@@ -21,7 +21,7 @@ under ``step.tree_mask`` and ``generate`` commits the accepted path's keys and v
 Gated DeltaNet mixers (``mix_gdn``): the same replay / verify / cache cycle with the delta rule. The tree scan
 above is the diagonal-decay SSD form (a node's output is a decayed sum over its ancestors' inputs), which the
 delta rule is not: each node's correction u depends on its ancestors' corrections. The GDN tree verify is
-``models.gdn.gdn_tree_scan``: the WY form with the triangular system restricted to ancestors (every node's
+``ops.gdn.gdn_tree_scan``: the WY form with the triangular system restricted to ancestors (every node's
 correction is its own path's), one solve for the whole tree, output only. It is a PyTorch op on every device
 (no Triton kernel yet: a delta-rule tree kernel would be its own kernel); the replay of the accepted path
 is ``ops.gdn.gdn_multistep`` with ``update_count``.
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d import conv_state_advance
-from ssmspec.ops.gdn import gdn_multistep
+from ssmspec.ops.gdn import gdn_multistep, gdn_tree_scan
 from ssmspec.ops.multistep import ssm_multistep
 from ssmspec.ops.tree_scan import tree_conv1d, tree_scan
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
@@ -83,8 +83,6 @@ class STree(StrategyBase):
 
     def mix_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
         """GDN form of ``mix``: fold the accepted path into the delta-rule state, verify the tree (module doc)."""
-        from ssmspec.models.gdn import gdn_tree_scan
-
         i, L = p.index, step.length
         if step.rows != self.batch:
             raise ValueError(f"stree lays out one row per sequence ({self.batch}), got a call of {step.rows} rows")

@@ -1,5 +1,7 @@
-"""Gated DeltaNet decode ops (Qwen3-Next / Qwen3.5 mixers; seed 000, Alg. 5-8): the recurrent update, the
-`snapshot` baseline, and ReplaySSM for GDN. The maths and the notation are in ``ops/gdn/naive.py``.
+"""Gated DeltaNet ops (Qwen3-Next / Qwen3.5 mixers; seed 000, Alg. 5-8): the recurrent update, the `snapshot`
+baseline, and ReplaySSM for GDN; the chunked WY scan of the prefill and the tree-masked WY solve (``chunk.py``,
+PyTorch) and the l2norm of q and k (``l2norm.py``). The maths and the notation are in ``ops/gdn/naive.py``,
+whose per-token recurrence is the ground truth of every op here.
 
 Shapes (the signatures the GDN strategies call; the mixer hands over its post-conv, l2-normed q and k):
     state, S0      (B, H, N, P) fp32, k-major like fla-core's and transformers' [B, HV, dk, dv]
@@ -10,6 +12,8 @@ Shapes (the signatures the GDN strategies call; the mixer hands over its post-co
     ring_g         (B, R, H) fp32;  head, count (B,) int64 ring pointers
     scale          float, default N^-1/2 (as fla and transformers apply to q)
 Strategy → op:
+    every strategy     ``gdn_chunk_scan`` (prefill), ``l2norm`` (q and k after the conv, ``models.gdn.GDNParams``)
+    stree, replay      ``gdn_tree_scan`` (a token tree verified with one masked WY solve)
     autoregressive     ``gdn_recurrent_update`` (one token, state in place)
     activation_replay  ``gdn_multistep`` (update_count / store_state / output=False: advance by accepted inputs)
     snapshot           ``gdn_multistep_snapshot`` (one state store per token into the given slots)
@@ -22,9 +26,11 @@ from __future__ import annotations
 from torch import Tensor
 
 from ssmspec.ops.dispatch import use_triton
+from ssmspec.ops.gdn.chunk import gdn_chunk_scan, gdn_tree_scan
+from ssmspec.ops.gdn.l2norm import l2norm
 from ssmspec.ops.gdn.naive import (gdn_multistep_ref, gdn_multistep_snapshot_ref, gdn_recurrence_ref,
                                    gdn_replay_commit, gdn_replay_flush_flags, gdn_replay_state_ref,
-                                   gdn_replay_verify_ref)
+                                   gdn_replay_verify_ref, l2norm_ref)
 
 
 def gdn_multistep(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
@@ -90,6 +96,7 @@ def gdn_replay_verify(S0: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor
     return gdn_replay_verify_ref(S0, ring_k, ring_u, ring_g, head, count, q, k, v, g, beta, scale=scale, flush=flush)
 
 
-__all__ = ["gdn_multistep", "gdn_multistep_ref", "gdn_multistep_snapshot", "gdn_multistep_snapshot_ref",
-           "gdn_recurrence_ref", "gdn_recurrent_update", "gdn_replay_commit", "gdn_replay_flush_flags",
-           "gdn_replay_state_ref", "gdn_replay_verify", "gdn_replay_verify_ref"]
+__all__ = ["gdn_chunk_scan", "gdn_multistep", "gdn_multistep_ref", "gdn_multistep_snapshot",
+           "gdn_multistep_snapshot_ref", "gdn_recurrence_ref", "gdn_recurrent_update", "gdn_replay_commit",
+           "gdn_replay_flush_flags", "gdn_replay_state_ref", "gdn_replay_verify", "gdn_replay_verify_ref",
+           "gdn_tree_scan", "l2norm", "l2norm_ref"]

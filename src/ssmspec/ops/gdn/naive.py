@@ -1,4 +1,5 @@
-"""Gated DeltaNet decode ops in pure PyTorch: the per-token recurrence (ground truth) and ReplaySSM for GDN.
+"""Gated DeltaNet ops in pure PyTorch: the per-token recurrence (ground truth, also of the chunked WY scan in
+``chunk.py``), the l2norm reference, and ReplaySSM for GDN.
 
 Per value head h (DESIGN.md section 1; seed 000, Alg. 5), with the state stored k-major as fla-core and
 transformers store it, S (N, P) = (dk, dv) fp32:
@@ -81,6 +82,13 @@ def gdn_recurrence_ref(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor
             snap.append(s)
     y = torch.stack(ys, dim=1) if ys else vf.new_zeros(bsz, 0, H, P)
     return y, s
+
+
+def l2norm_ref(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(sum x² + eps) over the last dim, computed in at least fp32 and returned in x's dtype: the
+    ground truth of ``ops.gdn.l2norm`` (which multiplies by rsqrt in x's own dtype). x (..., N) -> (..., N)."""
+    xf = x.to(_cd(x))
+    return (xf / torch.sqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def gdn_multistep_ref(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
