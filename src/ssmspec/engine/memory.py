@@ -15,17 +15,10 @@ import copy
 import torch
 
 from ssmspec.models.config import ModelConfig
+from ssmspec.units import fmt_bytes  # noqa: F401  (re-exported: bench and engine messages)
 from ssmspec.strategies import SpecConfig, StrategyBase
 
 HEADROOM = 0.9  # use at most this share of the free memory (allocator fragmentation, the CUDA context, ...)
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def strategy_bytes(strategy: StrategyBase, cfg: ModelConfig, batch: int, spec: SpecConfig, dtype) -> int:

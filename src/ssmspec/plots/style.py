@@ -1,6 +1,8 @@
 """Shared look of the figures: a title line naming what the numbers were measured on, and how they print a size."""
 from __future__ import annotations
 
+from ssmspec.units import fmt_bytes  # noqa: F401  (the figures' byte labels)
+
 
 def provenance(df) -> str:
     """'<device> · <dtype> · <weights> weights · <profile> profile' from result columns (those present)."""
@@ -11,16 +13,6 @@ def provenance(df) -> str:
             if vals:
                 parts.append(fmt.format("/".join(vals)))
     return " · ".join(parts)
-
-
-def fmt_bytes(n: float) -> str:
-    """'512 B', '3.0 KiB', ... 'TiB': a byte count as the figures label it (the engine's messages print the same
-    way, ``engine/memory.py``; plots import nothing outside plots/)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def ok_rows(df):
