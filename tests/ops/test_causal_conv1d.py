@@ -6,7 +6,8 @@ import pytest
 import torch
 from kernel_checks import TOL, assert_close
 
-from ssmspec.ops.causal_conv1d import causal_conv1d_ref, causal_conv1d_update, conv_state_advance
+from ssmspec.ops.causal_conv1d import (causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_slots,
+                                       conv_state_advance)
 
 
 def _inputs(bsz, L, Cdim, W, dtype, device, seed=0):
@@ -50,6 +51,35 @@ def test_conv_state_advance_kernel(device):
     conv_state_advance(s_k, x, keep, backend="triton")
     conv_state_advance(s_r, x, keep, backend="reference")
     assert torch.equal(s_k, s_r) and torch.equal(s_k[0], st[0])
+
+
+@pytest.mark.parametrize("W", [pytest.param(4, id="W4"), pytest.param(3, id="W3")])
+@pytest.mark.parametrize("dtype,keep,bias", [
+    pytest.param(torch.bfloat16, None, True, id="bf16-all-bias"),
+    pytest.param(torch.float32, [0, 1, 3, 5], False, id="fp32-keep"),
+])
+def test_conv_update_slots_kernel(W, dtype, keep, bias, device):
+    """Windows read from pool slots (two rows share one) and stored into others (one row in place): the kernel
+    equals its twin, output and every slot; slots nobody names stay as they were."""
+    x, _, w, b = _inputs(4, 5, 300, W, dtype, device)
+    pool = torch.randn(9, 300, W - 1, generator=torch.Generator().manual_seed(3)).to(device, dtype)
+    src = torch.tensor([2, 5, 5, 0], device=device)
+    dst = torch.tensor([2, 7, 8, 6], device=device)  # row 0 in place; rows 1, 2 read slot 5 and store apart
+    kp = None if keep is None else torch.tensor(keep, device=device)
+    if keep is not None:
+        x[0] = float("nan")  # keep 0 stores its window unchanged (its outputs are not compared)
+    p_k, p_r = pool.clone(), pool.clone()
+    y_k = causal_conv1d_update_slots(x, p_k, w, b if bias else None, src_slot=src, dst_slot=dst, keep=kp,
+                                     backend="triton")
+    y_r = causal_conv1d_update_slots(x, p_r, w, b if bias else None, src_slot=src, dst_slot=dst, keep=kp,
+                                     backend="reference")
+    rows = slice(1, None) if keep is not None else slice(None)
+    assert_close(y_k[rows], y_r[rows], TOL[dtype], "y")
+    assert torch.equal(p_k, p_r)
+    untouched = [s for s in range(9) if s not in dst.tolist()]
+    assert torch.equal(p_k[untouched], pool[untouched])
+    want = causal_conv1d_update(x[1:2], pool[5:6].clone(), w, b if bias else None, backend="reference")
+    assert_close(y_k[1:2], want, TOL[dtype], "y vs update")
 
 
 @pytest.mark.gpu

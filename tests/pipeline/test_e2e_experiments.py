@@ -30,8 +30,17 @@ def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli,
     rows = run_rows(cli, tmp_path, FIG8, "bench.alpha=1.0", "bench.batch=[2,1000000000]", "bench.presets=[tiny-hybrid]")
     ok = [r for r in rows if r["status"] == "ok"]
     assert {r["line"] for r in ok} == {"autoregressive", "replay", "snapshot spec S=4", "replay spec S=3",
-                                       "replay spec S=4"}
+                                       "replay spec S=4", "draft autoregressive", "replay spec S=3 + draft",
+                                       "replay spec S=4 + draft"}  # bench.drafts: tiny-hybrid -> tiny-mamba2
     for r in ok:
+        drafting = r["line"].endswith("+ draft")
+        assert (r.get("draft") == "tiny-mamba2") == (drafting or r["line"] == "draft autoregressive")
+        if drafting:  # the draft model's cost at the oracle's acceptance (drafting/costed.py)
+            assert r["draft_calls"] == r["S"] and len(r["draft_samples_ms"]) == 2 and 0 < r["draft_ms"] < r["ms_p50"]
+            assert r["draft_call_ms"] == pytest.approx(r["draft_ms"] / r["S"]) and r["draft_vs_ar"] > 0
+            assert r["drafter"] == "oracle + draft_model cost" and r["draft_cache_bytes"] > 0
+        else:
+            assert "draft_ms" not in r
         S = r["S"]
         assert r["batch"] == 2 and r["draft_len"] == S and r["timing"] == "eager" and len(r["samples_ms"]) == 2
         # every draft is the target's own next token: the engine accepts all S, the run stays on the reference
@@ -51,7 +60,7 @@ def test_fig8_oracle_at_alpha_one_accepts_every_draft_and_counts_the_tokens(cli,
             assert r["acceptance"] == "none" and r["alpha"] is None
             assert r["tokens_per_s_designed"] == r["tokens_per_s"] and r["accepted_within"] is None
     skipped = [r for r in rows if r["status"] == "skipped"]
-    assert len(skipped) == 5 and all(r["batch"] == 1000000000 and "free" in r["reason"] for r in skipped)
+    assert len(skipped) == 8 and all(r["batch"] == 1000000000 and "free" in r["reason"] for r in skipped)
     ratios = fig8_ratios(__import__("pandas").DataFrame(ok), "tiny-hybrid")
     assert ratios[("autoregressive", 2)] == 1.0
 

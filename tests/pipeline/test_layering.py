@@ -83,9 +83,8 @@ def test_models_import_no_strategy_engine_drafting_or_bench():
 
 
 def test_plots_read_results_only():
-    bad = _offenders(PKG / "plots",
-                      lambda n: _within(n, "ssmspec") and n != "ssmspec" and not _within(n, "ssmspec.plots")
-                      and n != "ssmspec.units")
+    bad = _offenders(PKG / "plots", lambda n: _within(n, "ssmspec") and n != "ssmspec"
+                     and not _within(n, "ssmspec.plots") and not _within(n, "ssmspec.units"))
     assert not bad, ("plots/ imports nothing from ssmspec but ssmspec.plots (they read results files; a "
                      "benchmark writes what a figure needs into its rows):\n" + "\n".join(sorted(bad)))
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
+from ssmspec.ops.causal_conv1d import causal_conv1d_update, causal_conv1d_update_slots, conv_state_advance
 from ssmspec.ops.gdn import gdn_multistep_snapshot
 from ssmspec.ops.multistep import ssm_multistep_snapshot
 from ssmspec.strategies._chain_rows import accepted_chain, layout_chain_rows
@@ -91,16 +91,18 @@ class Snapshot(StrategyBase):
         (slots, C, W-1). Unmasked, the window after token t goes to slot dst_slot[r, t]; masked (``valid``,
         right padding), the window after the row's last valid token goes to slot dst_slot[r, 0]. Returns the
         conv output (B', L, C)."""
-        state = pool[step.src_slot]  # (B', C, W-1)
-        y = causal_conv1d_update(x, state, p.conv_weight, p.conv_bias, activation=p.activation, update_state=False)
-        full = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=-1)  # (B', C, W-1+L)
-        W1 = state.shape[-1]
-        if step.valid is not None:  # the last W-1 inputs up to the last valid token
-            idx = step.valid.sum(1)[:, None] + torch.arange(W1, device=x.device)[None]  # (B', W-1)
-            pool.index_copy_(0, step.dst_slot[:, 0], full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1)))
-            return y
-        for t in range(x.shape[1]):
-            pool.index_copy_(0, step.dst_slot[:, t], full[..., t + 1:t + 1 + W1])
+        masked = step.valid is not None
+        keep = step.valid.sum(1) if masked else None
+        early = None
+        if not masked and x.shape[1] > 1:  # windows after the earlier tokens, read before the call stores
+            state = pool[step.src_slot]  # (B', C, W-1)
+            full = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=-1)  # (B', C, W-1+L)
+            early = [full[..., t + 1:t + 1 + state.shape[-1]] for t in range(x.shape[1] - 1)]
+        y = causal_conv1d_update_slots(x, pool, p.conv_weight, p.conv_bias, src_slot=step.src_slot,
+                                       dst_slot=step.dst_slot[:, 0 if masked else -1], keep=keep,
+                                       activation=p.activation)
+        for t, window in enumerate(early or []):
+            pool.index_copy_(0, step.dst_slot[:, t], window)
         return y
 
     @staticmethod

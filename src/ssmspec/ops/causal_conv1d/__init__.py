@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ssmspec.ops.causal_conv1d.naive import causal_conv1d_ref, causal_conv1d_update_ref, conv_state_advance_ref
+from ssmspec.ops.causal_conv1d.naive import (causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_update_slots_ref,
+                                             conv_state_advance_ref)
 from ssmspec.ops.dispatch import use_triton
 
 causal_conv1d = causal_conv1d_ref
@@ -26,6 +27,21 @@ def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Te
     return causal_conv1d_update_ref(x, conv_state, weight, bias, activation=activation, update_state=update_state)
 
 
+def causal_conv1d_update_slots(x: Tensor, pool: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                               src_slot: Tensor, dst_slot: Tensor, keep: Tensor | None = None,
+                               activation: str | None = "silu", backend: str = "auto") -> Tensor:
+    """Conv over [pool[src_slot[b]], x[b]] (x (B, L, C), pool (slots, C, W-1), src_slot / dst_slot (B,) int);
+    slot dst_slot[b] becomes the last W-1 inputs after the first keep[b] tokens ((B,) int; None: all L). A row's
+    dst may be its own src (read first); no row may store into a slot another row reads. Returns y (B, L, C)
+    in x's dtype."""
+    if use_triton(x, pool, weight, backend=backend):
+        from ssmspec.ops.causal_conv1d.triton import causal_conv1d_update_slots_triton
+        return causal_conv1d_update_slots_triton(x, pool, weight, bias, src_slot=src_slot, dst_slot=dst_slot,
+                                                 keep=keep, activation=activation)
+    return causal_conv1d_update_slots_ref(x, pool, weight, bias, src_slot=src_slot, dst_slot=dst_slot, keep=keep,
+                                          activation=activation)
+
+
 def conv_state_advance(conv_state: Tensor, x: Tensor, keep: Tensor, *, backend: str = "auto") -> None:
     """conv_state (B, C, W-1) becomes, in place, the last W-1 inputs of [conv_state, x[b, :keep[b]]]:
     x (B, L, C) the call's pre-conv inputs, keep (B,) int in [0, L]. Device-side, no host sync."""
@@ -37,4 +53,5 @@ def conv_state_advance(conv_state: Tensor, x: Tensor, keep: Tensor, *, backend: 
 
 
 __all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
-           "conv_state_advance", "conv_state_advance_ref"]
+           "causal_conv1d_update_slots", "causal_conv1d_update_slots_ref", "conv_state_advance",
+           "conv_state_advance_ref"]

@@ -50,3 +50,20 @@ def conv_state_advance_ref(conv_state: Tensor, x: Tensor, keep: Tensor) -> None:
     full = torch.cat([conv_state, x.transpose(1, 2).to(conv_state.dtype)], dim=-1)  # (B, C, W-1+L)
     idx = keep.long()[:, None] + torch.arange(W1, device=x.device)[None]  # (B, W-1) columns to keep
     conv_state.copy_(full.gather(2, idx[:, None, :].expand(-1, Cdim, -1)))
+
+
+def causal_conv1d_update_slots_ref(x: Tensor, pool: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                                   src_slot: Tensor, dst_slot: Tensor, keep: Tensor | None = None,
+                                   activation: str | None = "silu") -> Tensor:
+    """Conv of a few tokens over [pool[src_slot[b]], x[b]]: x (B, L, C), pool (slots, C, W-1) oldest first,
+    src_slot, dst_slot (B,) int, keep (B,) int in [0, L] or None (L). Slot dst_slot[b] becomes the last W-1
+    inputs of [pool[src_slot[b]], x[b, :keep[b]]] (a row's dst may be its own src; no row stores into a slot
+    another row reads). Returns y (B, L, C) in x's dtype."""
+    W1 = pool.shape[-1]
+    state = pool[src_slot.long()]  # (B, C, W-1)
+    y = causal_conv1d_update_ref(x, state, weight, bias, activation=activation, update_state=False)
+    full = torch.cat([state, x.transpose(1, 2).to(state.dtype)], dim=-1)  # (B, C, W-1+L)
+    n = torch.full_like(src_slot, x.shape[1]) if keep is None else keep
+    idx = n.long()[:, None] + torch.arange(W1, device=x.device)[None]  # (B, W-1)
+    pool[dst_slot.long()] = full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1))
+    return y

@@ -1,6 +1,7 @@
 """Triton kernels for the decode-time causal depthwise conv: a few tokens over [conv state, x]
-(``causal_conv1d_update``) and the rollback offset (``conv_state_advance``), so no strategy needs the
-CUDA-only causal-conv1d package. One program per (sequence, BLOCK_C channels); the W taps are unrolled.
+(``causal_conv1d_update``, and its slot form ``causal_conv1d_update_slots`` that reads each row's window from
+a pool slot and stores the window after its first ``keep`` tokens into another) and the rollback offset
+(``conv_state_advance``), so no strategy needs the CUDA-only causal-conv1d package. One program per (sequence, BLOCK_C channels); the W taps are unrolled.
 Both write the conv state in place (never autotuned): every program reads all the columns it will
 write, then a barrier, then stores.
 """
@@ -27,15 +28,20 @@ def _tap(x_ptr, st_ptr, i, offs_c, mask_c, x_l, x_c, s_c, s_w, W1: tl.constexpr)
 
 
 @triton.jit
-def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, L, Cdim,
+def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr, keep_ptr, L, Cdim,
                         x_b, x_l, x_c, s_b, s_c, s_w, w_c, w_w, y_b, y_l, y_c,
                         W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, UPDATE: tl.constexpr,
-                        BLOCK_C: tl.constexpr):
+                        HAS_SLOTS: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK_C: tl.constexpr):
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < Cdim
     xb = x_ptr + b * x_b
-    sb = st_ptr + b * s_b
+    if HAS_SLOTS:  # read the window of slot src[b], store the new one into slot dst[b]
+        sb = st_ptr + tl.load(src_ptr + b).to(tl.int64) * s_b
+        db = st_ptr + tl.load(dst_ptr + b).to(tl.int64) * s_b
+    else:
+        sb = st_ptr + b * s_b
+        db = sb
     if HAS_BIAS:
         bias = tl.load(bias_ptr + offs_c, mask=mask_c, other=0.0).to(tl.float32)
     for t in range(0, L):
@@ -48,9 +54,12 @@ def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, L, Cdim,
         if SILU:
             acc = silu(acc)
         tl.store(y_ptr + b * y_b + t * y_l + offs_c * y_c, acc, mask=mask_c)
-    if UPDATE:  # new state column i = input L - (W-1) + i; read every column before writing any
+    if UPDATE:  # new state column i = input n - (W-1) + i (n = L or keep[b]); read every column before writing
+        n = L
+        if HAS_KEEP:
+            n = tl.load(keep_ptr + b).to(tl.int32)
         for i in tl.static_range(W - 1):
-            v = _tap(xb, sb, L - (W - 1) + i, offs_c, mask_c, x_l, x_c, s_c, s_w, W - 1)
+            v = _tap(xb, sb, n - (W - 1) + i, offs_c, mask_c, x_l, x_c, s_c, s_w, W - 1)
             if i == 0:
                 c0 = v
             elif i == 1:
@@ -65,7 +74,7 @@ def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, L, Cdim,
                 v = c1
             else:
                 v = c2
-            tl.store(sb + offs_c * s_c + i * s_w, v, mask=mask_c)
+            tl.store(db + offs_c * s_c + i * s_w, v, mask=mask_c)
 
 
 @triton.jit
@@ -116,13 +125,42 @@ def causal_conv1d_update_triton(x: Tensor, conv_state: Tensor, weight: Tensor, b
         raise ValueError(f"weight must be (C, W) = {(Cdim, W1 + 1)}, got {tuple(weight.shape)}")
     if activation not in ("silu", "swish", None, "identity"):
         raise ValueError(f"unsupported conv activation {activation!r}; use 'silu' or None")
+    return _launch(x, conv_state, weight, bias, activation=activation, update=update_state)
+
+
+def _launch(x: Tensor, st: Tensor, weight: Tensor, bias: Tensor | None, *, activation, update: bool,
+            src: Tensor | None = None, dst: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
+    bsz, L, Cdim = x.shape
     y = torch.empty_like(x)
+    d = dummy(weight)
     grid = (bsz, triton.cdiv(Cdim, _BLOCK_C))
-    _conv_update_kernel[grid](x, conv_state, weight, bias if bias is not None else dummy(weight), y, L, Cdim,
-                              *x.stride(), *conv_state.stride(), *weight.stride(), *y.stride(),
-                              W=W1 + 1, HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
-                              UPDATE=update_state, BLOCK_C=_BLOCK_C, num_warps=4)
+    _conv_update_kernel[grid](x, st, weight, bias if bias is not None else d, y,
+                              src if src is not None else d, dst if dst is not None else d,
+                              keep if keep is not None else d, L, Cdim,
+                              *x.stride(), *st.stride(), *weight.stride(), *y.stride(),
+                              W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
+                              UPDATE=update, HAS_SLOTS=src is not None, HAS_KEEP=keep is not None, BLOCK_C=_BLOCK_C,
+                              num_warps=4)
     return y
+
+
+def causal_conv1d_update_slots_triton(x: Tensor, pool: Tensor, weight: Tensor, bias: Tensor | None = None, *,
+                                      src_slot: Tensor, dst_slot: Tensor, keep: Tensor | None = None,
+                                      activation: str | None = "silu") -> Tensor:
+    """Triton form of ``causal_conv1d_update_slots`` (see ``ssmspec.ops.causal_conv1d``)."""
+    bsz, L, Cdim = x.shape
+    if x.dim() != 3 or pool.dim() != 3 or pool.shape[1] != Cdim or not 1 <= pool.shape[2] <= 3:
+        raise ValueError(f"need x (B, L, C) and a pool (slots, C, W-1) with W = 2..4; got {tuple(x.shape)}, "
+                         f"{tuple(pool.shape)}")
+    if weight.shape != (Cdim, pool.shape[2] + 1):
+        raise ValueError(f"weight must be (C, W) = {(Cdim, pool.shape[2] + 1)}, got {tuple(weight.shape)}")
+    for name, t in (("src_slot", src_slot), ("dst_slot", dst_slot), ("keep", keep)):
+        if t is not None and t.shape != (bsz,):
+            raise ValueError(f"{name} must be (B,) = ({bsz},), got {tuple(t.shape)}")
+    if activation not in ("silu", "swish", None, "identity"):
+        raise ValueError(f"unsupported conv activation {activation!r}; use 'silu' or None")
+    return _launch(x, pool, weight, bias, activation=activation, update=True, src=src_slot.contiguous(),
+                   dst=dst_slot.contiguous(), keep=None if keep is None else keep.contiguous())
 
 
 def conv_state_advance_triton(conv_state: Tensor, x: Tensor, keep: Tensor) -> None:
