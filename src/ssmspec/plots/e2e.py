@@ -19,6 +19,7 @@ GOAL_P6 = 2.0  # replay spec / autoregressive at batch 256
 GOAL_BATCH = 256
 PAPER_FIG11 = (3.0, 3.3)
 GOAL_P7 = 3.3  # replay spec max batch / snapshot spec max batch
+GOAL_DRAFT = 1.10  # a draft model's call / its own autoregressive step at the same batch (issue 23)
 COLORS = {"autoregressive": "C7", "replay": "C0", "snapshot": "C3"}
 
 
@@ -32,8 +33,27 @@ def _finish(fig, df: pd.DataFrame, title: str, out: Path) -> None:
 def _style(line: str) -> dict:
     strategy = line.split()[0]
     spec = "spec" in line
+    if line.endswith("+ draft"):  # the draft model's cost at the oracle's acceptance
+        return dict(color="C1", linestyle=":", marker="^", alpha=1.0 if "S=4" in line else 0.7)
     return dict(color=COLORS.get(strategy, "C2"), linestyle="-" if spec or strategy == "autoregressive" else "--",
                 marker="o" if spec else "s", alpha=1.0 if line.endswith("S=4") or not spec else 0.7)
+
+
+def _draft_panel(ax, g: pd.DataFrame) -> None:
+    """A draft model's call over its own autoregressive step at the same batch (rows' ``draft_vs_ar``)."""
+    d = g[g["line"].str.endswith("+ draft")].dropna(subset=["draft_vs_ar"]) if "draft_vs_ar" in g.columns else g[:0]
+    for line in dict.fromkeys(d["line"]):
+        pts = d[d["line"] == line].sort_values("batch")
+        ax.plot(pts["batch"], pts["draft_vs_ar"], label=line, **_style(line))
+    ax.axhline(GOAL_DRAFT, color="C3", lw=0.8, ls="--", label=f"goal <= {GOAL_DRAFT:.2f}")
+    worst = d["draft_vs_ar"].max() if len(d) else float("nan")
+    name = d["draft"].iloc[0] if len(d) else ""
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="batch size", ylabel="draft call / draft autoregressive step",
+           title=f"draft {name}: a draft call costs {worst:.2f}x its autoregressive step at worst")
+    ax.title.set_fontsize(8)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=6)
 
 
 def _acceptance(g: pd.DataFrame) -> str:
@@ -60,16 +80,24 @@ def fig8_ratios(data: pd.DataFrame, model: str) -> dict[tuple[str, int], float]:
 
 def plot_fig8(df: pd.DataFrame, out: Path) -> None:
     """Tokens/s vs batch (log2), one panel per model and a line per strategy/window; points where snapshot spec
-    falls below autoregressive are ringed; the best replay spec ratio at batch 256 is set against goal P6."""
+    falls below autoregressive are ringed; the best replay spec ratio at batch 256 is set against goal P6. With
+    draft-model lines, a second row: a draft call over the draft model's own autoregressive step."""
     data = ok_rows(df)
     if data.empty:
         raise ValueError("replay_fig8_throughput: no measured rows to plot")
     models = list(dict.fromkeys(data["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.6 * len(models), 4.2), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    drafted = "draft" in data.columns and data["line"].str.endswith("+ draft").any()
+    rows = 2 if drafted else 1
+    fig, axes = plt.subplots(rows, len(models), figsize=(5.6 * len(models), 4.2 * rows), squeeze=False)
+    for i, model in enumerate(models):
+        ax = axes[0][i]
         g = data[data["model"] == model]
+        if drafted:
+            _draft_panel(axes[1][i], g)
         ratios = fig8_ratios(data, model)
         for line in dict.fromkeys(g["line"]):
+            if line == "draft autoregressive":  # another model's throughput: its step is the lower panel's unit
+                continue
             pts = g[g["line"] == line].sort_values("batch")
             ax.plot(pts["batch"], pts["tokens_per_s"], label=line, **_style(line))
             if line.startswith("snapshot"):
@@ -81,11 +109,13 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
         skipped = df[(df["model"] == model) & (df["status"] != "ok")] if "status" in df.columns else df.iloc[0:0]
         first = {}  # smallest batch that did not run -> the lines it stopped
         for line, s in skipped.groupby("line", sort=False):
+            if line == "draft autoregressive":
+                continue
             first.setdefault(int(s["batch"].min()), []).append(line)
-        every = set(df[df["model"] == model]["line"])
+        every = set(df[df["model"] == model]["line"]) - {"draft autoregressive"}
         notes += [f"{'every line' if set(ls) == every else ', '.join(ls)}: no fit from batch {b}"
                   for b, ls in sorted(first.items())]
-        spec = {k: v for k, v in ratios.items() if k[0].startswith("replay spec")}
+        spec = {k: v for k, v in ratios.items() if k[0].startswith("replay spec") and not k[0].endswith("+ draft")}
         at = {k: v for k, v in spec.items() if k[1] == GOAL_BATCH}
         if at:
             (line, _), best = max(at.items(), key=lambda kv: kv[1])

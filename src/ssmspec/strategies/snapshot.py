@@ -92,7 +92,7 @@ class Snapshot(StrategyBase):
         right padding), the window after the row's last valid token goes to slot dst_slot[r, 0]. Returns the
         conv output (B', L, C)."""
         masked = step.valid is not None
-        keep = step.valid.sum(1) if masked else None
+        keep = Snapshot._per_call(step)[0] if masked else None
         early = None
         if not masked and x.shape[1] > 1:  # windows after the earlier tokens, read before the call stores
             state = pool[step.src_slot]  # (B', C, W-1)
@@ -106,17 +106,21 @@ class Snapshot(StrategyBase):
         return y
 
     @staticmethod
-    def _state_dst(step: StepInputs) -> Tensor:
-        """(B', L) state slots per token: dst_slot itself, or for a masked call -1 (no store) but at the last
-        column, whose state is the one after the row's last valid token (pads leave it unchanged)."""
-        if step.valid is None:
-            return step.dst_slot
-        L = step.valid.shape[1]
-        return torch.cat([torch.full_like(step.dst_slot, -1).expand(-1, L - 1), step.dst_slot], dim=1)
+    def _per_call(step: StepInputs) -> tuple[Tensor, Tensor]:
+        """A masked call's (valid tokens per row (B',), state slots per token (B', L): -1 (no store) but at the
+        last column, whose state is the one after the row's last valid token), made once per call for every
+        mixer (``StepInputs.extras``)."""
+        if "slot_keep" not in step.extras:
+            L = step.valid.shape[1]
+            step.extras["slot_keep"] = step.valid.sum(1)
+            step.extras["slot_dst"] = torch.cat([torch.full_like(step.dst_slot, -1).expand(-1, L - 1),
+                                                 step.dst_slot], dim=1)
+        return step.extras["slot_keep"], step.extras["slot_dst"]
 
     def _mix_slots(self, p, inp, step: StepInputs) -> Tensor:
         """One slot-addressed call of a Mamba-2 or GDN mixer (module doc)."""
-        i, dst = p.index, self._state_dst(step)
+        i = p.index
+        dst = step.dst_slot if step.valid is None else self._per_call(step)[1]
         if getattr(p, "kind", "mamba") == "gdn":
             qkv = self._slot_conv(self.gdn_conv_slots[i], inp.qkv, p, step)
             q, k, v = p.split(qkv)
@@ -128,7 +132,11 @@ class Snapshot(StrategyBase):
         if step.valid is None:
             y = ssm_multistep_snapshot(self.snapshots[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias,
                                        dt_softplus=True, dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
-        else:  # dt = 0 on pads (discretized here): the state passes through them unchanged
+        elif p.dt_limit[0] == 0.0:  # dt = softplus(-inf) = 0 on pads: the state passes through them unchanged
+            dt = inp.dt.masked_fill(~step.valid[..., None], float("-inf"))
+            y = ssm_multistep_snapshot(self.snapshots[i], x, dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_softplus=True,
+                                       dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
+        else:  # a positive lower dt limit would lift that 0: discretize here, 0 on pads
             y = ssm_multistep_snapshot(self.snapshots[i], x, p.discretize(inp.dt, step.valid), p.A, B, C, p.D,
                                        dt_softplus=False, src_slot=step.src_slot, dst_slots=dst)
         return y.reshape(*y.shape[:2], -1)
