@@ -34,6 +34,7 @@ from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models.kv_cache import KVCache
+from ssmspec.models.model import build_model
 from ssmspec.strategies import SpecConfig, StepInputs, make_strategy, strategy_names
 from ssmspec.verify import make_verifier
 from ssmspec.verify.distributions import SamplingConfig, target_probs
@@ -62,6 +63,10 @@ def drafter_label(d: dict) -> str:
     name = d.get("name", "none")
     if name == "none":
         return "none"
+    if name == "beam_tree":  # beams x depth
+        return f"beam_tree {d.get('beams', 3)}x{d.get('depth', 4)}"
+    if name == "static_tree":
+        return f"static_tree {d.get('shape', 'A')}"
     if d.get("tree") is not None:
         shape = d["tree"] if isinstance(d["tree"], str) else f"{len(d['tree'])} nodes"
         return f"{name} tree {shape}" + (f" p={d['p']}" if "p" in d else "")
@@ -69,14 +74,18 @@ def drafter_label(d: dict) -> str:
     return f"{name} p={d['p']} {chains}" if "p" in d else f"{name} {chains}"
 
 
-def _make_drafter(d: dict, *, reference: list[list[int]], vocab: int):
+def _make_drafter(d: dict, *, reference: list[list[int]], model, seed: int):
+    """The drafter of one column; ``draft: family`` is a draft model of the target's own preset and family with
+    weights seeded apart (``seed`` + 1), so every family drafts for itself through the draft engine."""
     opts = {k: v for k, v in d.items() if k != "name"}
     if d.get("name", "none") == "none":
         return None
     from ssmspec.drafting import make_drafter
 
     if d["name"] == "oracle":
-        opts.update(reference=reference, vocab_size=vocab)
+        opts.update(reference=reference, vocab_size=model.cfg.vocab_size)
+    if opts.get("draft") == "family":
+        opts["draft"] = build_model(model.cfg, seed=seed + 1, device=model.device, dtype=model.dtype)
     return make_drafter(d["name"], **opts)
 
 
@@ -142,7 +151,7 @@ def greedy_rows(cfg: DictConfig) -> Iterator[dict]:
         for d in track(drafters, desc=f"lossless {mcfg.name}"):
             for name in names:
                 strat = make_strategy(name)
-                drafter = _make_drafter(d, reference=ref, vocab=mcfg.vocab_size)
+                drafter = _make_drafter(d, reference=ref, model=model, seed=int(cfg.seed))
                 row = {**base, "strategy": name, "drafter": drafter_label(d),
                        "drafter_config": drafter.describe() if drafter is not None else {"name": "none"}}
                 if drafter is not None and not strat.speculative:
@@ -252,7 +261,7 @@ def sampling_rows(cfg: DictConfig) -> Iterator[dict]:
             accepted = []
             for i, start in enumerate(range(0, n, chunk)):  # chunks bound the state memory (paper-size models)
                 m = min(chunk, n - start)
-                drafter = _make_drafter(d, reference=ref * m, vocab=mcfg.vocab_size) if strat.speculative else None
+                drafter = _make_drafter(d, reference=ref * m, model=model, seed=int(cfg.seed)) if strat.speculative else None
                 out = generate(model, [prompt] * m, max_new_tokens=K, strategy=strat, drafter=drafter,
                                sampling=dataclasses.replace(scfg, seed=scfg.seed + i), timing=False)
                 for seq in out.sequences:
