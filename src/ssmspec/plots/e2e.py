@@ -92,8 +92,10 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
     for i, model in enumerate(models):
         ax = axes[0][i]
         g = data[data["model"] == model]
-        if drafted:
+        if drafted and g["line"].str.endswith("+ draft").any():
             _draft_panel(axes[1][i], g)
+        elif drafted:
+            axes[1][i].axis("off")  # this model has no draft-model lines
         ratios = fig8_ratios(data, model)
         for line in dict.fromkeys(g["line"]):
             if line == "draft autoregressive":  # another model's throughput: its step is the lower panel's unit
@@ -113,8 +115,8 @@ def plot_fig8(df: pd.DataFrame, out: Path) -> None:
                 continue
             first.setdefault(int(s["batch"].min()), []).append(line)
         every = set(df[df["model"] == model]["line"]) - {"draft autoregressive"}
-        notes += [f"{'every line' if set(ls) == every else ', '.join(ls)}: no fit from batch {b}"
-                  for b, ls in sorted(first.items())]
+        notes += [f"{'every line' if set(ls) == every else ', '.join(ls) if len(ls) <= 2 else f'{len(ls)} lines'}: "
+                  f"no fit from batch {b}" for b, ls in sorted(first.items())]
         spec = {k: v for k, v in ratios.items() if k[0].startswith("replay spec") and not k[0].endswith("+ draft")}
         at = {k: v for k, v in spec.items() if k[1] == GOAL_BATCH}
         if at:
