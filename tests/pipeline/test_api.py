@@ -11,11 +11,15 @@ import ssmspec
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
-def _example() -> str:
+def _examples() -> list[str]:
     section = README.read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1, "the Python API section holds one example"
-    return blocks[0]
+    assert len(blocks) == 2, "the Python API section holds two examples: decoding, and a draft model"
+    return blocks
+
+
+def _example() -> str:
+    return _examples()[0]
 
 
 def test_every_public_name_resolves():
@@ -35,3 +39,8 @@ def test_readme_example_runs(capsys):
     exec(compile(_example(), str(README), "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert "model calls instead of" in out[0] and len(out) == 2
+
+
+def test_readme_draft_model_example_runs():
+    """The draft-model example: a Gated DeltaNet draft's beam tree through the draft engine, lossless."""
+    exec(compile(_examples()[1], str(README), "exec"), {})
