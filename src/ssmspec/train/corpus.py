@@ -4,7 +4,7 @@ Files are the ``*.py`` under ``sysconfig.get_paths()["stdlib"]`` (or a directory
 test folders (``test``, ``tests``, ``idle_test``), ``site-packages`` and ``__pycache__``. Every file gets a
 seeded order rank, sha256("order", seed, relative path), and a split rank with the salt "split": files are taken in
 order rank until the size cap, and a file goes to validation when its split rank falls in the lowest
-``val_fraction`` of the hash range. The rule looks at one file
+``val_fraction`` of the hash range (at least one file each way: the lowest split rank goes to validation). The rule looks at one file
 only, so adding a file never moves another across the split. The corpus hash is sha256 over (relative path,
 sha256 of the bytes) of the chosen files in sorted order: the cache key of everything trained on it.
 """
@@ -81,9 +81,11 @@ def load_corpus(*, root: str | Path | None = None, max_bytes: int = 0, val_fract
     if total < min_bytes:
         raise ValueError(f"corpus too small: {total} bytes in {len(chosen)} files of {where}, need at least "
                          f"corpus.min_bytes={min_bytes}; raise corpus.max_bytes or point corpus.root at more sources")
+    by_split = sorted(chosen, key=lambda f: _rank(seed, f, "split"))
     cut = int(val_fraction * _RANK_SPACE)
-    val = sorted(f for f in chosen if _rank(seed, f, "split") < cut)
-    train = sorted(f for f in chosen if _rank(seed, f, "split") >= cut)
+    n_val = sum(_rank(seed, f, "split") < cut for f in by_split)
+    n_val = min(max(n_val, 1), len(by_split) - 1)  # a capped corpus of few files still gets one of each
+    val, train = sorted(by_split[:n_val]), sorted(by_split[n_val:])
     if not val or not train:
         raise ValueError(f"corpus too small to split: {len(chosen)} files of {where} give {len(train)} training and "
                          f"{len(val)} validation files at corpus.val_fraction={val_fraction}; raise corpus.max_bytes "

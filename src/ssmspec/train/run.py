@@ -103,7 +103,8 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
     with staging as tmp:
         manifest = _build(tmp, corpus, tc, loops, models, seed=seed, device=dev)
         manifest.update(key=key, config=keyed)
-        return TrainResult(staging.commit(manifest), manifest, hit=False)
+        final = staging.commit(manifest)
+    return TrainResult(final, read_entry(final), hit=False)
 
 
 def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int, device) -> dict:
