@@ -28,7 +28,7 @@ BASELINES_FROM ?=
 ALLOW_MISSING_BASELINES ?=
 SAVE_REFERENCE ?=
 
-.PHONY: setup test test-gpu reproduce figures lint notebook clean
+.PHONY: setup test test-gpu reproduce figures train lint notebook clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,10 @@ reproduce: setup
 
 figures: setup
 	$(PY) -m ssmspec figures
+
+# model pairs trained offline into .cache/train/ (README "Training model pairs offline"); TRAIN=tiny|gpu
+train: setup
+	$(PY) -m ssmspec train $(or $(TRAIN),tiny)
 
 # the GPU-marked tests (kernels at real sizes, captured steps), recorded in results/gpu-tests/ (log, counts, env)
 test-gpu: setup

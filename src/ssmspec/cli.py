@@ -9,6 +9,8 @@
                                               run every experiment of the profile (one per GPU at once) into
                                               runs/reproduce/<time>/ (--save-reference: into results/), draw
                                               their figures, end with a summary (ssmspec/reproduce.py)
+    train [NAME] [--retrain] [key=value ...]  train model pairs offline (conf/train/NAME.yaml, default tiny) into
+                                              the cache .cache/train/<key>/ and print where the checkpoints are
     list                                      the registered experiments with titles and profiles
     clean [--keep-runs]                       remove the staging folders of killed runs, then runs/
 
@@ -283,6 +285,10 @@ def _dispatch(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if argv and argv[0] == "run":  # everything after `run` belongs to Hydra
         return cmd_run(argv[1:])
+    if argv and argv[0] == "train":  # offline training of model pairs (ssmspec/train/command.py)
+        from ssmspec.train.command import main as train_main
+
+        return train_main(argv[1:])
     if argv and argv[0] == "policy":  # the cost model's pick (ssmspec/policy.py)
         from ssmspec.policy import main as policy_main
 
@@ -312,6 +318,7 @@ def _dispatch(argv: list[str]) -> int:
     r.add_argument("--save-reference", action="store_true",
                    help="write into the committed results/<id>/<profile>/ and results/figures/ (default: a fresh "
                         "runs/reproduce/<time>/, leaving results/ as it is)")
+    sub.add_parser("train", help="train model pairs offline: train [NAME] [--retrain] [key=value ...]")
     sub.add_parser("list", help="registered experiments")
     c = sub.add_parser("clean", help="remove what killed runs left (staging folders), then runs/ (see --keep-runs)")
     c.add_argument("--keep-runs", action="store_true", help="only remove the staging folders of dead runs")

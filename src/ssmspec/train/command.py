@@ -1,0 +1,55 @@
+"""``python -m ssmspec train [NAME] [--retrain] [key=value ...]``: compose conf/train/<NAME>.yaml (default tiny)
+with Hydra overrides, train (or read from the cache) and print where the checkpoints are.
+
+A user error (unknown run name or key, a corpus too small, a vocabulary below the byte alphabet, a model larger
+than memory, a corrupt cache entry) is one ``error:`` line naming the fix, exit status 2; an interrupted run
+leaves no cache entry (``cache.py``).
+"""
+from __future__ import annotations
+
+import argparse
+
+from ssmspec import paths
+from ssmspec.cli_checks import _error
+
+
+def run_names() -> list[str]:
+    return sorted(p.stem for p in (paths.CONF_DIR / "train").glob("*.yaml"))
+
+
+def compose_train(name: str, overrides: list[str]) -> dict:
+    """conf/train/<name>.yaml with ``overrides`` applied, resolved to plain Python."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if name not in run_names():
+        raise ValueError(f"unknown training run {name!r}; choose one of: {', '.join(run_names())} (conf/train/)")
+    try:
+        with initialize_config_dir(config_dir=str(paths.CONF_DIR / "train"), version_base="1.3"):
+            cfg = compose(name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        msg = str(e).splitlines()[0]
+        raise ValueError(f"{msg}; overrides are key=value with keys of conf/train/{name}.yaml (a new key: +key=value)")
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ssmspec train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("name", nargs="?", default="tiny", help=f"a run of conf/train/ ({', '.join(run_names())})")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.steps=100 seed=1")
+    parser.add_argument("--retrain", action="store_true", help="train again even when the cache holds the run "
+                        "(replaces a corrupt entry)")
+    args = parser.parse_args(argv)
+    if "=" in args.name:  # no run name given: the first override took its place
+        args.overrides.insert(0, args.name)
+        args.name = "tiny"
+    from ssmspec.train.run import describe, train_pairs
+
+    try:
+        result = train_pairs(compose_train(args.name, args.overrides), retrain=args.retrain)
+    except ValueError as e:
+        return _error(str(e).replace("\n", " "))
+    print(describe(result))
+    return 0

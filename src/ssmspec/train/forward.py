@@ -1,0 +1,96 @@
+"""A differentiable parallel forward of ``HybridLM`` for training, through the model's own strategy hook.
+
+The model hands every mixer's projected inputs to a strategy (``strategies/base.py``); ``TrainStrategy`` runs
+the prefill maths of the inference path (``run_prefill`` / ``run_prefill_gdn``: conv, then the chunked SSD or
+WY scan from a zero state) and keeps no state. Two things differ from inference:
+
+* the per-step constants are rebuilt from the module's parameters on every call: ``Mamba2Mixer.params()``
+  caches A = -exp(A_log) under ``no_grad`` (an inference cache), which would cut A_log out of the graph;
+* attention is ``CausalAttention``: causal SDPA over the call's own keys, no KV cache to write.
+
+Every op runs its PyTorch reference (``reference_ops``: the Triton kernels have no backward), so the same
+code trains on CPU and CUDA. The model code is left as it is: the files that decide benchmark results
+stay untouched (issue 24).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ssmspec.engine.context import RunContext
+from ssmspec.models.model import HybridLM
+from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, StepInputs, StrategyBase,
+                                     run_prefill, run_prefill_gdn)
+
+
+@contextmanager
+def reference_ops() -> Iterator[None]:
+    """Every op of ``ssmspec.ops`` on its PyTorch reference inside the block (``SSMSPEC_OPS_BACKEND``, read at
+    each call by ``ops.dispatch.use_triton``); the previous setting comes back afterwards."""
+    key = "SSMSPEC_OPS_BACKEND"
+    old = os.environ.get(key)
+    os.environ[key] = "reference"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
+class TrainStrategy(StrategyBase):
+    """Prefill-only, stateless strategy whose outputs carry gradients to every mixer parameter."""
+
+    name = "train"
+    speculative = False
+
+    def __init__(self, model: HybridLM) -> None:
+        super().__init__()
+        self.cfg = model.cfg
+        self.mamba = [b.mixer for b in model.layers if b.kind == "M"]  # index = MambaParams.index
+        self.gdn = [b.mixer for b in model.layers if b.kind == "G"]  # index = GDNParams.index
+        if model.cfg.d_xb:
+            raise ValueError("training MambaInLlama models (d_xb > 0) is not supported; train a mamba2, nemotron_h "
+                             "or qwen3_5 family model")
+
+    def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
+        m = self.mamba[p.index]
+        p = dataclasses.replace(p, conv_weight=m.conv1d.weight[:, 0, :], conv_bias=m.conv1d.bias, dt_bias=m.dt_bias,
+                                A=-torch.exp(m.A_log.float()), D=m.D)
+        return run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)[0]  # (B, L, I)
+
+    def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
+        m = self.gdn[p.index]
+        p = dataclasses.replace(p, conv_weight=m.conv1d.weight[:, 0, :], dt_bias=m.dt_bias,
+                                A=-torch.exp(m.A_log.float()))
+        return run_prefill_gdn(p, inp, step)[0]  # (B, L, H, P)
+
+    def mix(self, p, inp, step):
+        raise ValueError("TrainStrategy runs whole sequences only (StepInputs.prefill=True)")
+
+
+class CausalAttention:
+    """Stands in for a ``KVCache``: causal SDPA of a call over its own keys (GQA), nothing kept."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, step: StepInputs, *, scale: float) -> Tensor:
+        """q (B, L, Hq, D), k, v (B, L, Hkv, D) -> (B, L, Hq, D)."""
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                             scale=scale, enable_gqa=q.shape[2] != k.shape[2])
+        return out.transpose(1, 2)
+
+
+def train_logits(model: HybridLM, ids: Tensor) -> Tensor:
+    """ids (B, L) -> logits (B, L, V) fp32, differentiable in every parameter (module doc)."""
+    B, L = ids.shape
+    step = StepInputs(input_ids=ids, positions=torch.arange(L, device=ids.device)[None].expand(B, L), prefill=True)
+    ctx = RunContext(strategy=TrainStrategy(model), kv=[CausalAttention() for _ in model.cfg.attention_layers],
+                     step=step)
+    with reference_ops():
+        return model(ids, ctx)
