@@ -20,18 +20,26 @@ def run_names() -> list[str]:
 def compose_train(name: str, overrides: list[str]) -> dict:
     """conf/train/<name>.yaml with ``overrides`` applied, resolved to plain Python."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if name not in run_names():
         raise ValueError(f"unknown training run {name!r}; choose one of: {', '.join(run_names())} (conf/train/)")
+    # inside a running Hydra app (an experiment's bench trains its pair) Hydra is already initialised: set the
+    # app's state aside, compose on a clean one, and put the app's back
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(paths.CONF_DIR / "train"), version_base="1.3"):
             cfg = compose(name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         msg = str(e).splitlines()[0]
         raise ValueError(f"{msg}; overrides are key=value with keys of conf/train/{name}.yaml (a new key: +key=value)")
+    finally:
+        restore_gh_from_backup(backup)
     return OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -1,0 +1,81 @@
+"""Figure of ``trained_acceptance``: measured mean accepted length per drafter and S, one panel per prompt set.
+
+Bars: one group per drafter line (draft_model S=2, png S=4, beam_tree 2x4, ...), one bar per strategy, the value
+once above the group (greedy verification accepts the same drafts under every strategy, so the bars of a group
+agree; when they do not, every value is printed). A line whose output differs from autoregressive decoding is
+hatched and says so. A panel's title gives the draft's top-1 agreement
+with the target on that set. Measured on a tiny pair trained on CPU: nothing here is set beside a paper's
+acceptance or an oracle's designed one.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ssmspec.plots.style import provenance
+
+_COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52")
+
+
+def _line(r) -> str:
+    return r["drafter"] if r["drafter"].startswith(("beam_tree", "static_tree")) else f"{r['drafter']} S={int(r['S'])}"
+
+
+def _panel(ax, d: pd.DataFrame, agree: pd.DataFrame, name: str, colors: dict) -> None:
+    d = d[d["drafter"] != "none"]
+    lines = list(dict.fromkeys(_line(r) for _, r in d.iterrows()))
+    labelled: set[str] = set()
+    for i, line in enumerate(lines):
+        rows = [r for _, r in d.iterrows() if _line(r) == line]
+        width = 0.8 / len(rows)
+        for j, r in enumerate(rows):
+            s = r["strategy"]
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, r["mean_accepted"], width, color=colors[s], hatch=None if r["exact"] else "//",
+                   label=None if s in labelled else s)
+            labelled.add(s)
+        values = {round(float(r["mean_accepted"]), 3) for r in rows}
+        text = f"{rows[0]['mean_accepted']:.2f}" if len(values) == 1 else " / ".join(f"{v:.2f}" for v in sorted(values))
+        if not all(r["exact"] for r in rows):
+            text += "\nNOT exact"
+        ax.text(i, max(values), text, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(lines)), lines, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("mean accepted draft tokens per step")
+    title = f"{name}: {int(d['prompts'].iloc[0])} prompts x {int(d['new_tokens'].iloc[0])} new tokens"
+    if len(agree):
+        a = agree.iloc[0]
+        title += (f"\ndraft top-1 = target top-1 on {100 * a['draft_target_top1']:.0f}% of {int(a['tokens'])} tokens"
+                  f" (target top-1 accuracy {100 * a['target_top1_acc']:.0f}%)")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7, title="strategy", title_fontsize=7)
+
+
+def plot_acceptance(df: pd.DataFrame, out: Path) -> None:
+    """Draw the PNG at ``out`` from the rows of one trained_acceptance run."""
+    decode = df[(df["kind"] == "decode") & (df["status"] == "ok")] if "kind" in df.columns else df.iloc[0:0]
+    if not len(decode):
+        raise ValueError("trained_acceptance: no decode rows to plot")
+    agree = df[df["kind"] == "agreement"]
+    sets = list(dict.fromkeys(decode["set"]))
+    skipped = df[(df["kind"] == "decode") & (df["status"] == "skipped")]
+    drafted = decode.loc[decode["drafter"] != "none", "strategy"]
+    colors = {s: _COLORS[i % len(_COLORS)] for i, s in enumerate(dict.fromkeys(drafted))}
+    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5.0), squeeze=False, sharey=True)
+    for ax, name in zip(axes[0], sets):
+        _panel(ax, decode[decode["set"] == name], agree[agree["set"] == name], name, colors)
+    r = decode.iloc[0]
+    sub = (f"{r['target']} ({int(r['target_params']):,} params, val loss {r['target_val_loss']:.2f}) drafted by "
+           f"{r['draft']} ({int(r['draft_params']):,} params, KL {r['draft_val_kl']:.2f}); train run {r['train_run']} "
+           f"{r['train_key']}; greedy")
+    if len(skipped):
+        sub += "; skipped: " + ", ".join(sorted(set(skipped["set"])))
+    fig.suptitle(f"Measured acceptance on a tiny pair trained on CPU (not comparable to large models)\n{sub}\n"
+                 f"{provenance(df)}", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,53 @@
+"""``trained_acceptance`` on CPU through the CLI: the suite trains its tiny pair (conf/train/tiny.yaml, ~30 s, once per
+test session into a temporary cache), the distilled draft is accepted on held-out validation text (measured, no
+oracle), n-gram lookup drafts too, every speculative line decodes exactly the autoregressive greedy output, and the
+figure is drawn."""
+from __future__ import annotations
+
+import pytest
+from pipeline_helpers import run_rows
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# the reference's prompts and budget (8 x 64 tokens), one S: the acceptance is the reference's S=4 number
+SMALL = ["experiment=trained_acceptance", "profile=cpu", "bench.draft_len=[4]", "bench.agree_tokens=1024"]
+
+
+@pytest.fixture(scope="session")
+def train_cache(tmp_path_factory):
+    """One cache folder per test session (per xdist worker): the pair is trained by the first run only."""
+    return tmp_path_factory.mktemp("train-cache")
+
+
+def test_measured_acceptance_on_the_trained_pair(cli, tmp_path, train_cache):
+    rows = run_rows(cli, tmp_path, SMALL, f"bench.cache_dir={train_cache}")
+    decode = [r for r in rows if r["kind"] == "decode" and r["status"] == "ok"]
+    assert decode and all(r["acceptance"] == "measured" and r["pair"] == "trained" for r in decode)
+    assert all(r["exact"] is True for r in decode)  # greedy verification is lossless on real drafts too
+    assert {r["train_key"] for r in rows} == {decode[0]["train_key"]} and decode[0]["draft_val_kl"] > 0
+    lines = {(r["set"], r["drafter"], r["S"], r["strategy"]) for r in decode}
+    assert ("validation", "none", 0, "autoregressive") in lines
+    for strategy in ("replay", "snapshot"):
+        assert ("validation", "draft_model", 4, strategy) in lines and ("validation", "png 3..2", 4, strategy) in lines
+    for strategy in ("stree", "replay"):
+        assert ("validation", "beam_tree 2x4", 4, strategy) in lines
+        assert ("validation", "static_tree A", 4, strategy) in lines
+    dm = [r for r in decode if r["set"] == "validation" and r["drafter"] == "draft_model"]
+    assert all(r["mean_accepted"] > 0.5 for r in dm), [r["mean_accepted"] for r in dm]  # measured: 0.59
+    assert len({r["mean_accepted"] for r in dm}) == 1  # the same drafts accepted under both strategies
+    for r in decode:
+        assert sum(r["accepted_hist"].values()) > 0 and r["model_calls"] > 0 and len(r["samples_ms"]) > 0
+        # a batch steps until its slowest sequence is done: per call and sequence, between 1 and 1 + S tokens
+        assert 1.0 <= r["tokens_per_call"] <= 1 + r["S"]
+    agree = [r for r in rows if r["kind"] == "agreement"]
+    assert {r["set"] for r in agree} >= {"validation"}
+    assert all(0 < r["draft_target_top1"] <= 1 and r["tokens"] > 0 for r in agree)
+    he = [r for r in rows if r["kind"] == "decode" and r["set"] == "humaneval"]
+    assert he and all(r["status"] == "ok" or r["reason"] for r in he)
+    assert (tmp_path / "fig.png").is_file()
+
+
+def test_an_unknown_train_run_is_one_error_line(cli, tmp_path):
+    status, _, err = cli("run", *SMALL, "bench.train=nope", f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and "unknown training run 'nope'" in err and "conf/train" in err
+    assert not (tmp_path / "run").exists()
