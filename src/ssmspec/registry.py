@@ -60,6 +60,9 @@ class Experiment:
     # {key: declared value}; a value's type is what an override must have (None: any)
     bench_schema: dict = field(default_factory=dict, compare=False)
     path: Path = field(default=Path(), compare=False)
+    # what the models' weights are when no checkpoint= is given (env.json, rows, logs): "random" (seeded random
+    # weights of the presets) or what the bench builds itself, e.g. "trained" (python -m ssmspec train)
+    weights: str = "random"
 
     @property
     def gpu_label(self) -> str:
@@ -128,9 +131,14 @@ def _read(path: Path, root: Path | None = None) -> Experiment:
     if gpu not in (True, False, "triton"):
         raise ValueError(f"{path}: experiment.needs_gpu is true, false or triton (CUDA or TRITON_INTERPRET=1), "
                          f"got {gpu!r}")
+    weights = block.get("weights", "random")
+    if weights not in ("random", "trained"):
+        raise ValueError(f"{path}: experiment.weights is random (seeded presets) or trained (the bench trains its "
+                         f"models: python -m ssmspec train), got {weights!r}")
     return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
                       profiles=profiles, needs_gpu=bool(gpu), interpreter_ok=gpu == "triton", reads=reads,
-                      decided_by=_decided_by(path, block, root), bench_schema=_bench_schema(path, data, block), path=path)
+                      decided_by=_decided_by(path, block, root), bench_schema=_bench_schema(path, data, block), path=path,
+                      weights=weights)
 
 
 # decided_by ----------------------------------------------------------------------------------------

@@ -282,7 +282,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
     """Validate ``cfg``, run its experiment and write ``out_dir``; returns ``out_dir``."""
     cfg, exp = prepare(cfg, cli_overrides=cli_overrides)
     out_dir = Path(out_dir)
-    weights = str(cfg.checkpoint) if cfg.get("checkpoint") else "random"
+    weights = str(cfg.checkpoint) if cfg.get("checkpoint") else exp.weights
     import torch
 
     threads = cfg.bench.get("cpu_threads")
