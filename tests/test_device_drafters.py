@@ -11,13 +11,11 @@ import torch
 from ssmspec.drafting import make_drafter
 from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.drafting.registry import DrafterBase
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models.config import load_preset
-from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.distributions import target_probs
+from model_forward import next_logits
 
 PROMPTS = [[5, 17, 33, 8, 5, 17], [9, 10, 11], [4, 4, 250, 7]]
 NEW = 16
@@ -119,17 +117,6 @@ def test_propose_device_equals_propose(draft, case):
                 assert roots.tolist() == logits.topk(roots.numel()).indices.tolist()
         emit(buf, got, accept, draft.cfg.vocab_size)
 
-
-def next_logits(model, tokens: list[int]) -> torch.Tensor:
-    """(V,) logits after ``tokens``, from one fresh prefill (independent of the drafters' stepping)."""
-    cfg = model.cfg
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, 1, SpecConfig(), model.device, model.dtype)
-    kv = [KVCache(1, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=1, max_new=len(tokens),
-                  device=model.device, dtype=model.dtype) for _ in cfg.attention_layers]
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        return model(ids, RunContext(strat, kv, StepInputs(ids, torch.arange(len(tokens))[None], prefill=True)))[0, -1]
 
 
 @contextlib.contextmanager

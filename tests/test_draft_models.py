@@ -7,13 +7,12 @@ import torch
 
 from ssmspec.drafting import make_drafter
 from ssmspec.drafting.model_drafter import token_buffer
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models.config import load_preset
-from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy, strategy_names
+from ssmspec.strategies import make_strategy, strategy_names
 from ssmspec.verify import SamplingConfig
+from model_forward import next_logits
 
 PROMPTS = [[5, 17, 33, 8, 5, 17], [9, 10, 11]]
 NEW = 14
@@ -31,17 +30,6 @@ def models(request):
     ref = generate(draft, PROMPTS, max_new_tokens=NEW, strategy="autoregressive", timing=False).sequences
     return draft, target, ref
 
-
-def next_logits(model, tokens: list[int]) -> torch.Tensor:
-    """(V,) logits after ``tokens``, from one fresh prefill (independent of the drafters' stepping)."""
-    cfg = model.cfg
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, 1, SpecConfig(), model.device, model.dtype)
-    kv = [KVCache(1, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=1, max_new=len(tokens),
-                  device=model.device, dtype=model.dtype) for _ in cfg.attention_layers]
-    ids = torch.tensor([tokens])
-    with torch.no_grad():
-        return model(ids, RunContext(strat, kv, StepInputs(ids, torch.arange(len(tokens))[None], prefill=True)))[0, -1]
 
 
 def test_draft_model_chain_is_its_greedy_continuation_after_partial_acceptance(models):

@@ -6,12 +6,10 @@ Greedy agreement is asserted on float64 models (exact token equality)."""
 import pytest
 import torch
 
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models import build_model, load_preset
-from ssmspec.models.kv_cache import KVCache
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.distributions import SamplingConfig, target_probs
+from model_forward import parallel_logits
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -27,17 +25,6 @@ PRESETS = ["tiny-mamba2", "tiny-hybrid", "tiny-mamba-in-llama"]
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [42, 7]]  # lengths 4, 11, 2
 NEW = 10
 
-
-def parallel_logits(model, ids):
-    """One prefill forward over (B, L) ids -> (B, L, V)."""
-    cfg = model.cfg
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, ids.shape[0], SpecConfig(), "cpu", model.dtype)
-    kv = [KVCache(ids.shape[0], cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=ids.shape[0],
-                  max_new=ids.shape[1], device="cpu", dtype=model.dtype) for _ in cfg.attention_layers]
-    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None].expand_as(ids), prefill=True)
-    with torch.no_grad():
-        return model(ids, RunContext(strategy=strat, kv=kv, step=step))
 
 
 @pytest.fixture(scope="module", params=PRESETS)

@@ -16,14 +16,13 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ssmspec.drafting.oracle import Oracle
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models import load_model, load_preset
-from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.loading_mil import config_from_mil
 from ssmspec.models.rope import llama3_inv_freq
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy, strategy_names
+from ssmspec.strategies import make_strategy, strategy_names
 from ssmspec.verify.base import Verdict
+from model_forward import parallel_logits
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
 VOCAB = 97
@@ -164,16 +163,6 @@ def reference_logits(w, ids):
 
 
 # our side --------------------------------------------------------------------------------------------------------
-def ours_forward(model, ids):
-    cfg = model.cfg
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, ids.shape[0], SpecConfig(), "cpu", model.dtype)
-    kv = [KVCache(ids.shape[0], cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=ids.shape[0],
-                  max_new=ids.shape[1], device="cpu", dtype=model.dtype) for _ in cfg.attention_layers]
-    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None].expand_as(ids), prefill=True)
-    with torch.no_grad():
-        return model(ids, RunContext(strategy=strat, kv=kv, step=step))
-
 
 class Forcing:
     """Verifier that emits a fixed continuation and records each call's logits (teacher forcing)."""
@@ -212,7 +201,7 @@ def test_forward_equals_reference(checkpoint, tmp_path, fmt):
     if fmt == "bin":
         path = write_checkpoint(tmp_path / "bin", sd, fmt="bin")
     ids = torch.tensor([PROMPT, PROMPT[::-1]])
-    ours = ours_forward(load_model(path), ids)
+    ours = parallel_logits(load_model(path), ids)
     ref = reference_logits(sd, ids)
     assert ref.abs().max() > 3  # logits far from flat: the comparison means something
     torch.testing.assert_close(ours.double(), ref, **TOL)

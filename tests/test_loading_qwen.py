@@ -6,11 +6,9 @@ import json
 import pytest
 import torch
 
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
-from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.loading import load_model
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
+from model_forward import parallel_logits
 
 transformers = pytest.importorskip("transformers")
 
@@ -57,16 +55,6 @@ def _qwen3next(tmp_path, **over):
 BUILDERS = {"qwen3_5": _qwen35, "qwen3_next": _qwen3next}
 
 
-def _our_logits(model, ids):
-    cfg = model.cfg
-    ar = make_strategy("autoregressive")
-    ar.allocate(cfg, ids.shape[0], SpecConfig(), "cpu", model.dtype)
-    kv = [KVCache(ids.shape[0], cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=ids.shape[0],
-                  max_new=ids.shape[1], device="cpu", dtype=model.dtype) for _ in cfg.attention_layers]
-    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None].expand_as(ids), prefill=True)
-    with torch.no_grad():
-        return model(ids, RunContext(strategy=ar, kv=kv, step=step))
-
 
 @pytest.mark.parametrize("family", sorted(BUILDERS))
 def test_logits_equal_transformers_forward(tmp_path, family):
@@ -79,7 +67,7 @@ def test_logits_equal_transformers_forward(tmp_path, family):
     ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ref = hf(ids).logits
-    got = _our_logits(ours, ids)
+    got = parallel_logits(ours, ids)
     assert ref.abs().max() > 1e-2
     # transformers runs its GDN kernels and Qwen norms in fp32 even for float64 models, and our logits are fp32
     torch.testing.assert_close(got.double(), ref.double(), rtol=0, atol=1e-5)
@@ -151,4 +139,4 @@ def test_conditional_generation_layout(tmp_path):
     ids = torch.randint(3, 300, (1, 20), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = hf.double()(ids).logits
-    torch.testing.assert_close(_our_logits(ours, ids).double(), ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(parallel_logits(ours, ids).double(), ref, rtol=0, atol=1e-5)

@@ -18,12 +18,10 @@ import pytest
 import torch
 from transformers import Mamba2Config, Mamba2ForCausalLM, NemotronHConfig, NemotronHForCausalLM
 
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models import load_model
-from ssmspec.models.kv_cache import KVCache
-from ssmspec.strategies import SpecConfig, StepInputs, make_strategy
 from ssmspec.verify.base import Verdict
+from model_forward import parallel_logits
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -95,17 +93,6 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-def ours_forward(model, ids):
-    """One parallel (prefill) forward of our model: (B, L) -> (B, L, V)."""
-    cfg = model.cfg
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, ids.shape[0], SpecConfig(), "cpu", model.dtype)
-    kv = [KVCache(ids.shape[0], cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=ids.shape[0],
-                  max_new=ids.shape[1], device="cpu", dtype=model.dtype) for _ in cfg.attention_layers]
-    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None].expand_as(ids), prefill=True)
-    with torch.no_grad():
-        return model(ids, RunContext(strategy=strat, kv=kv, step=step))
-
 
 class Forcing:
     """Verifier that emits a fixed continuation and records the logits of every call (teacher forcing
@@ -149,7 +136,7 @@ def test_full_forward_matches_transformers(checkpoints, name):
     ids = torch.tensor([PROMPT, PROMPT[::-1]])
     with torch.no_grad():
         ref = hf(ids).logits
-    got = ours_forward(ours, ids)
+    got = parallel_logits(ours, ids)
     assert ref.abs().max() > 1.0  # O(1) logits: the comparison is not vacuous
     torch.testing.assert_close(got, ref, **TOL)
 
@@ -161,7 +148,7 @@ def test_prefill_then_decode_matches_transformers_and_parallel_forward(checkpoin
     got = ours_decode_logits(ours, PROMPT, FORCED)
     torch.testing.assert_close(got, hf_decode_logits(hf, PROMPT, FORCED), **TOL)
     # step-by-step decode equals one parallel forward over prompt + forced tokens
-    full = ours_forward(ours, torch.tensor([PROMPT + FORCED]))[0, len(PROMPT) - 1:-1]
+    full = parallel_logits(ours, torch.tensor([PROMPT + FORCED]))[0, len(PROMPT) - 1:-1]
     torch.testing.assert_close(got, full, **SELF_TOL)
 
 
@@ -198,7 +185,7 @@ def test_nemotron_time_step_min_is_applied_in_every_path(tmp_path):
     hf_dec = hf_decode_logits(hf, PROMPT, FORCED)  # decode path: not clamped
     assert (hf_dec[1:] - hf_full[1:]).abs().max() > 3e-2  # transformers disagrees with itself (~0.1)
     torch.testing.assert_close(hf_dec[0], hf_full[0], **TOL)  # (the prefill logits are both chunk path)
-    torch.testing.assert_close(ours_forward(ours, ids)[0, len(PROMPT) - 1:-1], hf_full, **TOL)
+    torch.testing.assert_close(parallel_logits(ours, ids)[0, len(PROMPT) - 1:-1], hf_full, **TOL)
     torch.testing.assert_close(ours_decode_logits(ours, PROMPT, FORCED), hf_full, **TOL)
 
 
@@ -221,5 +208,5 @@ def test_mamba_ssm_checkpoint_loads_and_matches(tmp_path):
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         ref = hf(ids).logits
-    torch.testing.assert_close(ours_forward(ours, ids), ref, **TOL)
+    torch.testing.assert_close(parallel_logits(ours, ids), ref, **TOL)
     torch.testing.assert_close(ours_decode_logits(ours, PROMPT, FORCED), hf_decode_logits(hf, PROMPT, FORCED), **TOL)
