@@ -218,3 +218,27 @@ def test_a_draft_strategy_that_cannot_roll_back_is_refused_naming_both_models():
         generate(target, PROMPTS, max_new_tokens=4, strategy="snapshot", drafter=d, timing=False)
     with pytest.raises(ValueError, match="unknown draft_strategy 'nope'"):
         make_drafter("beam_tree", draft="tiny-mamba2", draft_strategy="nope")
+
+
+def test_draft_engine_refuses_calls_outside_its_shape():
+    draft = build_model(load_preset("tiny-mamba2"), seed=1)
+    chains = make_drafter("draft_model", draft=draft, draft_len=3)
+    chains.reset(PROMPTS, batch=2, device="cpu")
+    tok = torch.zeros(2, dtype=torch.long)
+    for depth in (0, 3):
+        with pytest.raises(ValueError, match=rf"draft depth {depth} outside 1 .. 2"):
+            chains.engine.step(tok, depth=depth)
+    with pytest.raises(ValueError, match="built with reorders=False: its rows cannot change parents"):
+        chains.engine.step(tok, depth=1, parents=torch.tensor([1, 0]))
+    with pytest.raises(ValueError, match="token buffer has 3 sequences but the drafter was reset for 2"):
+        chains.propose_device(token_buffer([[1, 2], [3, 4], [5, 6]], [1, 1, 1], "cpu"))
+
+
+def test_costed_oracle_needs_the_drafters_spec():
+    from ssmspec.drafting.costed import CostedOracle
+    from ssmspec.drafting.oracle import Oracle
+
+    oracle = Oracle(p=0.5, draft_len=3, reference=[[1, 2, 3]] * 2, vocab_size=300)
+    with pytest.raises(ValueError, match=r"the oracle drafts SpecConfig\(draft_len=3.*but the costed drafter "
+                                         r"draft_model drafts SpecConfig\(draft_len=2.*same draft_len"):
+        CostedOracle(oracle, make_drafter("draft_model", draft="tiny-mamba2", draft_len=2))

@@ -89,3 +89,22 @@ def test_conv_large(device):
     assert_close(causal_conv1d_update(x, s_k, w, b, backend="triton"), causal_conv1d_update(x, s_r, w, b, backend="reference"),
                  TOL[torch.bfloat16], "y")
     assert torch.equal(s_k, s_r)
+
+
+@pytest.mark.parametrize("args, match", [
+    ({"pool_shape": (9, 299, 3)}, r"need x \(B, L, C\) and a pool \(slots, C, W-1\) with W = 2..4"),
+    ({"pool_shape": (9, 300, 4)}, r"need x \(B, L, C\) and a pool \(slots, C, W-1\) with W = 2..4"),
+    ({"w_shape": (300, 3)}, r"weight must be \(C, W\) = \(300, 4\)"),
+    ({"src": [0, 1]}, r"src_slot must be \(B,\) = \(4,\)"),
+    ({"keep": [1, 2, 3]}, r"keep must be \(B,\) = \(4,\)"),
+    ({"activation": "gelu"}, "unsupported conv activation 'gelu'"),
+], ids=["channels", "width", "weight", "src", "keep", "activation"])
+def test_conv_update_slots_kernel_refuses_bad_shapes(args, match, device):
+    x, _, w, _ = _inputs(4, 5, 300, 4, torch.float32, device)
+    pool = torch.zeros(*args.get("pool_shape", (9, 300, 3)), device=device)
+    w = torch.zeros(*args["w_shape"], device=device) if "w_shape" in args else w
+    src = torch.tensor(args.get("src", [0, 1, 2, 3]), device=device)
+    keep = torch.tensor(args["keep"], device=device) if "keep" in args else None
+    with pytest.raises(ValueError, match=match):
+        causal_conv1d_update_slots(x, pool, w, src_slot=src, dst_slot=torch.tensor([4, 5, 6, 7], device=device),
+                                   keep=keep, activation=args.get("activation", "silu"), backend="triton")

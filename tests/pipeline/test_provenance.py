@@ -349,3 +349,15 @@ def test_cpu_references_describe_this_code():
     stale = [r for r in provenance.stale_report(None, ["cpu"]) if r.status != provenance.CURRENT]
     assert not stale, ("stale CPU references (rerun `make reproduce PROFILE=cpu SAVE_REFERENCE=1`): "
                        + "; ".join(f"{r.id}: {r.label}" for r in stale))
+
+
+def test_experiment_weights_is_random_or_trained(tmp_path):
+    path = tmp_path / "demo.yaml"
+    block = "experiment:\n  id: demo\n  title: t\n  bench: m:f\n  plot: m:g\n  profiles: [cpu]\n"
+    path.write_text(block)
+    assert registry.read_experiment(path, root=tmp_path).weights == "random"
+    path.write_text(block + "  weights: trained\n")
+    assert registry.read_experiment(path, root=tmp_path).weights == "trained"
+    path.write_text(block + "  weights: pretrained\n")
+    with pytest.raises(ValueError, match=r"experiment.weights is random \(seeded presets\) or trained .*got 'pretrained'"):
+        registry.read_experiment(path, root=tmp_path)
