@@ -51,3 +51,33 @@ def test_an_unknown_train_run_is_one_error_line(cli, tmp_path):
     status, _, err = cli("run", *SMALL, "bench.train=nope", f"results_dir={tmp_path / 'run'}")
     assert status == 2 and "unknown training run 'nope'" in err and "conf/train" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_throughput_rows_time_the_engine_with_the_measured_acceptance(cli, tmp_path, train_cache):
+    """The gpu profile's throughput block, on CPU (eager engine): an autoregressive line and the speculative
+    lines per batch, tokens/s and their ratio beside the acceptance the trained draft earns, greedy output equal
+    to the autoregressive engine's."""
+    tp = ("+bench.throughput={sets: [validation], batch: [1, 2], draft_len: [3], R: 8, prompt_len: 32, dtype: auto, "
+          "cuda_graph: auto, warmup: 1, iters: 4, lines: [{drafter: draft_model, strategy: replay}, "
+          "{drafter: png, strategy: snapshot}]}")
+    rows = run_rows(cli, tmp_path, SMALL, "bench.sets=[validation]", f"bench.cache_dir={train_cache}", tp)
+    thr = [r for r in rows if r["kind"] == "throughput"]
+    assert [(r["batch"], r["line"], r["S"]) for r in thr] == [
+        (b, line, S) for b in (1, 2) for line, S in
+        (("autoregressive", 0), ("replay + draft_model", 3), ("snapshot + png", 3))]
+    assert all(r["status"] == "ok" and r["timing"] == "eager" and r["tokens_per_s"] > 0 for r in thr)
+    assert all(r["ref_match"] == 1.0 for r in thr)  # float32 on CPU: every line is the greedy output
+    for r in thr:
+        ar = next(a for a in thr if a["batch"] == r["batch"] and a["S"] == 0)
+        assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
+        assert r["acceptance"] == ("measured" if r["S"] else "none")
+    dm = [r for r in thr if r["drafter"] == "draft_model"]
+    assert all(r["mean_accepted"] > 0 and r["draft_calls"] == 3 for r in dm)
+
+
+def test_a_throughput_line_of_an_unknown_drafter_is_one_error_line(cli, tmp_path, train_cache):
+    tp = ("+bench.throughput={sets: [validation], batch: [1], draft_len: [3], R: 8, prompt_len: 32, warmup: 1, "
+          "iters: 2, lines: [{drafter: oracle, strategy: replay}]}")
+    status, _, err = cli("run", *SMALL, f"bench.cache_dir={train_cache}", tp, f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and "bench.throughput.lines" in err and "draft_model | png" in err
+    assert not (tmp_path / "run").exists()

@@ -24,6 +24,10 @@ sequence equals the autoregressive greedy output: greedy verification is lossles
 the step times of ``generate()`` (``samples_ms`` and their summary): eager CPU timings of a tiny model, which
 say how the loop behaves, not how fast anything is (``timing``).
 
+With ``bench.throughput`` (the gpu profile), rows of ``kind: throughput`` time the same pair through the
+captured engine at the batches it names (``bench/trained_throughput.py``): tokens/s of autoregressive decoding
+and of the speculative lines with the acceptance measured on the set's prompts, and their ratio.
+
 One more row per set (``kind: agreement``): over up to ``bench.agree_tokens`` tokens of the set (validation:
 the validation files; humaneval: the whole prompts), in windows of ``bench.agree_window``, how often the draft's
 top-1 next token equals the target's (``draft_target_top1``), and how often each model's top-1 is the token that
@@ -55,6 +59,8 @@ class Pair:
     draft: object  # HybridLM
     tokenizer: object  # the trained byte-level BPE (transformers' fast tokenizer)
     manifest: dict  # the cache entry's manifest.json
+    entry: Path  # the cache entry (checkpoint directories below it)
+    names: tuple[str, str]  # (target, draft) model names of the manifest
     info: dict  # columns every row carries: train run, key, models, their validation loss / KL
 
 
@@ -94,7 +100,7 @@ def load_pair(b: DictConfig, device: str) -> Pair:
             "corpus_hash": m["corpus"]["hash"]}
     log.info("pair %s (%s): %s %d params, %s %d params", m["key"], "cache hit" if result.hit else "trained now",
              t_name, t_stats["params"], d_name, d_stats["params"])
-    return Pair(target, draft, load_tokenizer(target), m, info)
+    return Pair(target, draft, load_tokenizer(target), m, result.entry, (t_name, d_name), info)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -241,13 +247,19 @@ def run_acceptance(cfg: DictConfig) -> Iterator[dict]:
         raise ValueError(f"bench.sets: unknown prompt sets {bad}; choose among {list(SETS)}")
     if int(b.batch) < 1 or int(b.num_prompts) < 1 or int(b.prompt_len) < 1 or int(b.new_tokens) < 1:
         raise ValueError("bench.batch, bench.num_prompts, bench.prompt_len and bench.new_tokens must be >= 1")
+    if b.get("throughput"):
+        from ssmspec.bench.trained_throughput import check_throughput
+
+        check_throughput(b.throughput)  # before anything trains or runs
     pair = load_pair(b, str(cfg.device))
     timing = f"eager generate() steps on {cfg.device}: how the loop behaves on a tiny model, not a benchmark"
     base = {**pair.info, "acceptance": "measured", "dtype": "float32", "batch": int(b.batch),
             "prompt_len": int(b.prompt_len), "new_tokens": int(b.new_tokens)}
     builders = {"validation": validation_set, "humaneval": humaneval_set}
+    loaded: dict[str, list[list[int]]] = {}
     for name in b.sets:
         pset = builders[name](pair, b)
+        loaded[name] = pset.prompts
         if pset.reason is not None:
             yield {**base, "kind": "decode", "set": name, "status": "skipped", "reason": pset.reason}
             continue
@@ -265,3 +277,8 @@ def run_acceptance(cfg: DictConfig) -> Iterator[dict]:
                 log.info("%-10s %-16s S=%d %-9s mean accepted %.3f exact %s", name, out["drafter"], out["S"],
                          strategy, out["mean_accepted"], out["exact"])
                 yield out
+    if b.get("throughput"):  # the captured engine's tokens/s with the measured acceptance (trained_throughput.py)
+        from ssmspec.bench.trained_throughput import throughput_rows
+
+        yield from throughput_rows(pair.entry, pair.manifest, pair.names, loaded, b, cfg,
+                                   {k: v for k, v in base.items() if k not in ("dtype", "batch", "prompt_len")})

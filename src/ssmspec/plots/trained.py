@@ -4,8 +4,11 @@ Bars: one group per drafter line (draft_model S=2, png S=4, beam_tree 2x4, ...),
 once above the group (greedy verification accepts the same drafts under every strategy, so the bars of a group
 agree; when they do not, every value is printed). A line whose output differs from autoregressive decoding is
 hatched and says so. A panel's title gives the draft's top-1 agreement
-with the target on that set. Measured on a tiny pair trained on CPU: nothing here is set beside a paper's
-acceptance or an oracle's designed one.
+with the target on that set. With rows of ``kind: throughput`` (the gpu profile) a second row of panels shows,
+per set, each speculative line's tokens/s over autoregressive decoding at every batch (the captured engine, the
+acceptance measured on those prompts), with the issue's goal (1.5x, replay + draft_model at S = 4) drawn.
+Measured on small pairs the suite trains itself: nothing here is set beside a paper's acceptance or an
+oracle's designed one.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pandas as pd
 from ssmspec.plots.style import provenance
 
 _COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52")
+GOAL_SPEEDUP = 1.5  # issue 24: replay spec with the distilled draft at S = 4, batch 1 and 64, over autoregressive
 
 
 def _line(r) -> str:
@@ -55,6 +59,32 @@ def _panel(ax, d: pd.DataFrame, agree: pd.DataFrame, name: str, colors: dict) ->
     ax.legend(fontsize=7, title="strategy", title_fontsize=7)
 
 
+def _speed_panel(ax, t: pd.DataFrame, name: str) -> None:
+    t = t[t["S"] > 0]
+    lines = list(dict.fromkeys(f"{r['line']} S={int(r['S'])}" for _, r in t.iterrows()))
+    batches = sorted(set(int(b) for b in t["batch"]))
+    width = 0.8 / max(len(batches), 1)
+    for j, bsz in enumerate(batches):
+        for i, line in enumerate(lines):
+            rows = [r for _, r in t.iterrows() if f"{r['line']} S={int(r['S'])}" == line and int(r["batch"]) == bsz]
+            if not rows:
+                continue
+            r = rows[0]
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, r["speedup_vs_ar"], width, color=_COLORS[j % len(_COLORS)], label=f"batch {bsz}" if i == 0 else None,
+                   hatch=None if r["ref_match"] == 1.0 else "//")
+            ax.text(x, r["speedup_vs_ar"], f"{r['speedup_vs_ar']:.2f}\n{r['mean_accepted']:.1f}", ha="center",
+                    va="bottom", fontsize=6)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axhline(GOAL_SPEEDUP, color="red", ls="--", lw=0.8, label=f"goal {GOAL_SPEEDUP}x (replay + draft_model S=4)")
+    ax.set_xticks(range(len(lines)), lines, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("tokens/s over autoregressive (label: x, mean accepted)")
+    r = t.iloc[0] if len(t) else None
+    ax.set_title(f"{name}: captured engine, {r['dtype'] if r is not None else ''}; hatched: output left the "
+                 f"autoregressive engine's", fontsize=8)
+    ax.legend(fontsize=7)
+
+
 def plot_acceptance(df: pd.DataFrame, out: Path) -> None:
     """Draw the PNG at ``out`` from the rows of one trained_acceptance run."""
     decode = df[(df["kind"] == "decode") & (df["status"] == "ok")] if "kind" in df.columns else df.iloc[0:0]
@@ -65,17 +95,25 @@ def plot_acceptance(df: pd.DataFrame, out: Path) -> None:
     skipped = df[(df["kind"] == "decode") & (df["status"] == "skipped")]
     drafted = decode.loc[decode["drafter"] != "none", "strategy"]
     colors = {s: _COLORS[i % len(_COLORS)] for i, s in enumerate(dict.fromkeys(drafted))}
-    fig, axes = plt.subplots(1, len(sets), figsize=(6.5 * len(sets), 5.0), squeeze=False, sharey=True)
+    speed = df[(df["kind"] == "throughput") & (df["status"] == "ok")]
+    speed_sets = [s for s in sets if s in set(speed["set"])] if len(speed) else []
+    rows = 2 if speed_sets else 1
+    fig, axes = plt.subplots(rows, len(sets), figsize=(6.5 * len(sets), 5.0 * rows), squeeze=False)
     for ax, name in zip(axes[0], sets):
         _panel(ax, decode[decode["set"] == name], agree[agree["set"] == name], name, colors)
+    for ax, name in zip(axes[1] if rows == 2 else [], sets):
+        if name in speed_sets:
+            _speed_panel(ax, speed[speed["set"] == name], name)
+        else:
+            ax.set_axis_off()
     r = decode.iloc[0]
     sub = (f"{r['target']} ({int(r['target_params']):,} params, val loss {r['target_val_loss']:.2f}) drafted by "
            f"{r['draft']} ({int(r['draft_params']):,} params, KL {r['draft_val_kl']:.2f}); train run {r['train_run']} "
            f"{r['train_key']}; greedy")
     if len(skipped):
         sub += "; skipped: " + ", ".join(sorted(set(skipped["set"])))
-    fig.suptitle(f"Measured acceptance on a tiny pair trained on CPU (not comparable to large models)\n{sub}\n"
+    fig.suptitle(f"Measured acceptance on a small pair the suite trained (not comparable to large models)\n{sub}\n"
                  f"{provenance(df)}", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if rows == 1 else 0.95))
     fig.savefig(out, dpi=120)
     plt.close(fig)

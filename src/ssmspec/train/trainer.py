@@ -120,10 +120,17 @@ def _param_groups(model: HybridLM, weight_decay: float) -> list[dict]:
 
 @torch.no_grad()
 def evaluate(model: HybridLM, loss_fn: LossFn, windows: Tensor, c: LoopConfig) -> float:
-    """Mean of ``loss_fn`` over the validation windows, batch by batch."""
+    """Mean of ``loss_fn`` over the validation windows, batch by batch, on the model's device (bf16 autocast on
+    CUDA, as in training)."""
     model.eval()
-    losses = [loss_fn(model, windows[i:i + c.batch]).item() for i in range(0, windows.shape[0], c.batch)]
+    windows = windows.to(model.device)
+    with _autocast(model.device):
+        losses = [loss_fn(model, windows[i:i + c.batch]).item() for i in range(0, windows.shape[0], c.batch)]
     return sum(losses) / len(losses)
+
+
+def _autocast(dev: torch.device):
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
 
 
 def fit(model: HybridLM, loss_fn: LossFn, train_stream: Tensor, val_windows: Tensor, c: LoopConfig, *, seed: int,
@@ -139,12 +146,11 @@ def fit(model: HybridLM, loss_fn: LossFn, train_stream: Tensor, val_windows: Ten
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(_param_groups(model, c.weight_decay), lr=c.lr, betas=(c.beta1, c.beta2))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, c))
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda")
+    autocast = _autocast(dev)
     val_windows = val_windows.to(dev)
 
     def record(step: int, train_loss: float | None, start: float) -> float:
-        with autocast:
-            val = evaluate(model, loss_fn, val_windows, c)
+        val = evaluate(model, loss_fn, val_windows, c)
         row = {"model": label, "step": step, "tokens": step * c.batch * c.seq_len, "train_loss": train_loss,
                "val_loss": val, "lr": opt.param_groups[0]["lr"], "elapsed_s": round(time.perf_counter() - start, 3)}
         with open(log_file, "a") as f:

@@ -1,0 +1,124 @@
+"""Tokens/s of the trained pair through the captured engine: the speed side of ``trained_acceptance``.
+
+``bench/trained.py`` measures acceptance through eager ``generate()``; this module times the same pair the way
+the end-to-end experiments time random weights (``bench/e2e.py``: ``Engine`` with CUDA graphs, ``throughput_row``
+over ``warmup`` + ``iters`` steps from a prefilled batch), so that speculative decoding's speedup over
+autoregressive decoding is measured with the acceptance the trained draft earns on real prompts, not designed.
+
+Per prompt set of ``bench.throughput.sets`` and batch of ``bench.throughput.batch``: the batch is the set's
+prompts in turn (each cut to its last ``prompt_len`` tokens, left-padded), decoded greedily by the autoregressive
+line and by every ``(drafter, strategy, S)`` of ``bench.throughput.lines`` x ``draft_len`` (replay's ring holds
+``bench.throughput.R`` entries). Models are loaded in ``bench.throughput.dtype`` (auto: bf16 on CUDA, as the
+random-weight experiments run). Each row carries
+``tokens_per_s`` (emitted tokens: accepted + 1 per sequence and step, over the steps' summed time),
+``speedup_vs_ar`` (over the autoregressive line of the same set and batch), ``mean_accepted`` and ``ref_match``
+(the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ssmspec import config as C
+from ssmspec.bench.e2e import _is_oom, throughput_row
+from ssmspec.bench.prompt_groups import pad_group
+from ssmspec.bench.steps_replay import release
+from ssmspec.strategies import SpecConfig
+
+log = logging.getLogger("ssmspec.bench.trained")
+
+LINE_KEYS = {"drafter", "strategy"}
+DRAFTERS = ("draft_model", "png")
+
+
+def check_throughput(t: DictConfig) -> None:
+    """One ValueError naming the fix for a ``bench.throughput`` block that cannot run."""
+    for line in t.lines:
+        unknown = set(line) - LINE_KEYS
+        if unknown or line.get("drafter") not in DRAFTERS or not line.get("strategy"):
+            raise ValueError(f"bench.throughput.lines: {OmegaConf.to_container(line)} must be {{drafter: "
+                             f"{' | '.join(DRAFTERS)}, strategy: <a speculative strategy>}}")
+    if not t.batch or min(int(x) for x in t.batch) < 1 or not t.draft_len or min(int(s) for s in t.draft_len) < 1:
+        raise ValueError("bench.throughput.batch and bench.throughput.draft_len must be non-empty lists of ints >= 1")
+    if int(t.iters) < 1 or int(t.warmup) < 0:
+        raise ValueError("bench.throughput.iters must be >= 1 and warmup >= 0")
+
+
+def _horizon(t: DictConfig) -> int:
+    """New tokens every engine may emit: all timed steps at the longest chain, plus slack."""
+    return (int(t.warmup) + int(t.iters) + 2) * (max(int(s) for s in t.draft_len) + 1)
+
+
+def _drafter(name: str, S: int, draft, ngram: dict):
+    from ssmspec.drafting import make_drafter
+
+    if name == "png":
+        return make_drafter("png", draft_len=S, **ngram)
+    return make_drafter("draft_model", draft=draft, draft_len=S)
+
+
+def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b: DictConfig, cfg: DictConfig,
+                    base: dict) -> Iterator[dict]:
+    """Rows of ``kind: throughput`` (module doc). ``entry``: the train cache entry; ``names``: (target, draft)
+    of the manifest; ``sets``: set name -> its prompts (``PromptSet.prompts``, ``prompt_len`` tokens each)."""
+    from ssmspec.engine import Engine
+    from ssmspec.engine.generate import generate
+    from ssmspec.models.loading import load_model
+
+    t = b.throughput
+    check_throughput(t)
+    device = str(cfg.device)
+    dtype = C.resolve_dtype(str(t.get("dtype", "auto")), device)
+    graph = C.use_cuda_graph(t.get("cuda_graph", "auto"), device)
+    Tp, H, warmup, iters = int(t.prompt_len), _horizon(t), int(t.warmup), int(t.iters)
+    models = manifest["models"]
+    target = load_model(entry / models[names[0]]["path"], device=device, dtype=dtype)
+    draft = load_model(entry / models[names[1]]["path"], device=device, dtype=dtype)
+    ngram = OmegaConf.to_container(b.png)
+    head = {**base, "kind": "throughput", "dtype": C.dtype_name(dtype), "prompt_len": Tp,
+            "timing": "cuda_graph" if graph else "eager"}
+    for set_name in t.sets:
+        texts = sets.get(str(set_name))
+        if not texts:
+            yield {**head, "set": str(set_name), "status": "skipped",
+                   "reason": f"prompt set {set_name!r} is not loaded (bench.sets lists the sets; HumanEval needs "
+                             f"`make data`)"}
+            continue
+        for bsz in [int(x) for x in t.batch]:
+            sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)]
+            ids, valid = pad_group(sample, Tp, target.cfg.pad_token_id, device)
+            reference = generate(target, sample, max_new_tokens=H, strategy="autoregressive",
+                                 cuda_graph=graph).sequences
+            release(device)
+            ar_tps = None
+            todo = [("none", "autoregressive", 0)] + [(str(ln.drafter), str(ln.strategy), int(S))
+                                                       for S in t.draft_len for ln in t.lines]
+            for dname, strategy, S in todo:
+                row_head = {**head, "set": str(set_name), "batch": bsz, "line": f"{strategy} + {dname}" if S else
+                            "autoregressive", "drafter": dname, "S": S}
+                eng = None
+                try:
+                    drafter = _drafter(dname, S, draft, ngram) if S else None
+                    eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
+                                 drafter=drafter, spec=SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32))),
+                                 cuda_graph=graph)
+                    eng.prefill(ids, valid, sample)
+                    row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference, oracle_alpha=None,
+                                         **row_head)
+                except (torch.OutOfMemoryError, RuntimeError) as e:
+                    if not _is_oom(e):
+                        raise
+                    row = {**row_head, "status": "oom", "reason": str(e).splitlines()[0]}
+                del eng
+                release(device)
+                if row["status"] == "ok":
+                    if not S:
+                        ar_tps = row["tokens_per_s"]
+                    row["speedup_vs_ar"] = row["tokens_per_s"] / ar_tps if ar_tps else None
+                    log.info("throughput %s B=%d %-28s %8.0f tokens/s (%.2f accepted, %.2fx AR, ref_match %.2f)",
+                             set_name, bsz, row["line"] + (f" S={S}" if S else ""), row["tokens_per_s"],
+                             row["mean_accepted"], row["speedup_vs_ar"] or 1.0, row["ref_match"])
+                yield row
