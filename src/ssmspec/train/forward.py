@@ -9,10 +9,10 @@ WY scan from a zero state) and keeps no state. Two things differ from inference:
 * attention is ``CausalAttention``: causal SDPA over the call's own keys, no KV cache to write.
 
 Every op runs its PyTorch reference (``reference_ops``: the inference kernels have no backward), so the same
-code trains on CPU and CUDA, with one exception on CUDA: the Gated DeltaNet scan runs fla-core's chunk kernels
-(``chunk_gated_delta_rule``, forward and backward) when fla is importable, since the PyTorch WY form
-(``gdn_chunk_scan``) is a loop of small ops per chunk; ``SSMSPEC_TRAIN_GDN=reference`` turns it off. The model
-code is left as it is: the files that decide benchmark results stay untouched (issue 24).
+code trains on CPU and CUDA. fla-core's GDN chunk kernels are not used for training: fla 0.6 refuses their
+backward on Hopper GPUs with Triton < 3.7.1 (it computes wrong gradients there, fla issue #640), which is what
+the GPU machines run. The model code is left as it is: the files that decide benchmark results stay untouched
+(issue 24).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ssmspec.engine.context import RunContext
-from ssmspec.ops.causal_conv1d import causal_conv1d
 from ssmspec.models.model import HybridLM
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, StepInputs, StrategyBase,
                                      run_prefill, run_prefill_gdn)
@@ -73,39 +72,10 @@ class TrainStrategy(StrategyBase):
         m = self.gdn[p.index]
         p = dataclasses.replace(p, conv_weight=m.conv1d.weight[:, 0, :], dt_bias=m.dt_bias,
                                 A=-torch.exp(m.A_log.float()))
-        if not _fla_scan_usable(inp.qkv):
-            return run_prefill_gdn(p, inp, step)[0]  # (B, L, H, P)
-        # run_prefill_gdn's maths (no padding: training windows are whole), the scan through fla's chunk kernels
-        post, _ = causal_conv1d(inp.qkv, p.conv_weight, None, activation=p.activation)
-        q, k, v = p.split(post)
-        g, beta = p.gates(inp.a, inp.b)
-        return fla_gdn_scan(q, k, v, g, beta)
+        return run_prefill_gdn(p, inp, step)[0]  # (B, L, H, P)
 
     def mix(self, p, inp, step):
         raise ValueError("TrainStrategy runs whole sequences only (StepInputs.prefill=True)")
-
-
-def _fla_scan_usable(x: Tensor) -> bool:
-    if x.device.type != "cuda" or os.environ.get("SSMSPEC_TRAIN_GDN", "fla") == "reference":
-        return False
-    try:
-        import fla.ops.gated_delta_rule  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def fla_gdn_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
-    """``gdn_chunk_scan`` from a zero state through fla's ``chunk_gated_delta_rule`` (differentiable): q, k (B, L,
-    G, N) l2-normed, v (B, L, H, P), g, beta (B, L, H) fp32 -> y (B, L, H, P). Value head h reads key group
-    h // (H / G), as in ``gdn_tree_scan``; the scale is N^-1/2 in both."""
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
-    rep = v.shape[2] // q.shape[2]
-    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
-    y, _ = chunk_gated_delta_rule(q.to(v.dtype), k.to(v.dtype), v, g.float(), beta.to(v.dtype),
-                                  scale=q.shape[-1] ** -0.5, output_final_state=False)
-    return y
 
 
 class CausalAttention:
