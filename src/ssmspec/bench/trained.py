@@ -79,7 +79,8 @@ def load_pair(b: DictConfig, device: str) -> Pair:
     from ssmspec.train.command import compose_train
     from ssmspec.train.run import train_pairs
 
-    overrides = [f"cache_dir={b.cache_dir}"] if b.get("cache_dir") else []
+    overrides = [str(o) for o in b.get("train_overrides") or []]
+    overrides += [f"cache_dir={b.cache_dir}"] if b.get("cache_dir") else []
     with torch.enable_grad():  # the runner calls benches under no_grad; training needs gradients
         result = train_pairs(compose_train(str(b.train), overrides))
     m = result.manifest
@@ -93,7 +94,9 @@ def load_pair(b: DictConfig, device: str) -> Pair:
     t_stats, d_stats = m["models"][t_name], m["models"][d_name]
     target = load_model(result.entry / t_stats["path"], device=device, dtype=torch.float32)
     draft = load_model(result.entry / d_stats["path"], device=device, dtype=torch.float32)
-    info = {"weights": f"trained {b.train}/{m['key']}", "pair": "trained", "train_run": str(b.train), "train_key": m["key"], "train_cache_hit": result.hit,
+    info = {"weights": f"trained {b.train}/{m['key']}", "pair": "trained", "train_run": str(b.train),
+            "train_overrides": [str(o) for o in b.get("train_overrides") or []], "train_key": m["key"],
+            "train_cache_hit": result.hit,
             "family": family, "target": t_name, "draft": d_name, "target_params": t_stats["params"],
             "draft_params": d_stats["params"], "target_val_loss": t_stats["val_loss"],
             "draft_val_loss": d_stats["val_loss"], "draft_val_kl": d_stats["val_kl"],
