@@ -173,26 +173,28 @@ def _bwd_kernel(
         total = tl.sum(A * dt, axis=0)  # cum_T (tokens past L have dt = 0)
         e = tl.exp(cum)  # (T,)
         w0 = tl.exp(total - cum)  # (T,) decay from token j to the tile's end; w = w0·dt
-        M = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))  # (T, T), 0 above the diagonal
-        CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) C_t·B_j
-        dyx = _mm(dyt, tl.trans(xt), PRECISION, UPCAST)  # (T, T) dy_t·x_j
-        Rp = CB * M * dyx  # (T, T) R_tj / dt_j
-        Z = M * dt[None, :] * dyx  # (T, T)
         S_lo = S.to(xt.dtype)
         dS_lo = dS.to(xt.dtype)
+        # the (T, T) blocks first, reduced as soon as they are made (they dominate the registers)
+        M = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))  # (T, T), 0 above the diagonal
+        CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST) * M  # (T, T) M_tj·(C_t·B_j)
+        dyx = _mm(dyt, tl.trans(xt), PRECISION, UPCAST)  # (T, T) dy_t·x_j
+        Rp = CB * dyx  # (T, T) R_tj / dt_j
+        r_col = tl.sum(Rp, axis=0)  # (T,) Σ_t R_tj / dt_j: the direct part of d dt_j
+        r_row = tl.sum(Rp * dt[None, :], axis=1)  # (T,) Σ_j R_tj
+        dx = _mm(tl.trans((CB * dt[None, :]).to(xt.dtype)), dyt, PRECISION, UPCAST)  # (T, BP) Wᵀ dy
+        Z = (M * dyx * dt[None, :]).to(xt.dtype)  # (T, T)
+        dC = _mm(Z, Bt, PRECISION, UPCAST) + e[:, None] * _mm(dyt, S_lo, PRECISION, UPCAST)  # (T, BN)
+        dB = _mm(tl.trans(Z), Ct, PRECISION, UPCAST)  # (T, BN), the state's term below
+        # the state's terms: w_j·(dS B_j) in dx, w_j·(x_j dS) in dB; the skip D·dy
         BdS = _mm(Bt, tl.trans(dS_lo), PRECISION, UPCAST)  # (T, BP) dS B_j
-        # dx: intra-tile Wᵀ dy, the skip D·dy, the state's w_j·(dS B_j)
-        W = CB * M * dt[None, :]  # (T, T)
-        dx = _mm(tl.trans(W.to(xt.dtype)), dyt, PRECISION, UPCAST) + (w0 * dt)[:, None] * BdS
+        dx += (w0 * dt)[:, None] * BdS
+        dB += (w0 * dt)[:, None] * _mm(xt, dS_lo, PRECISION, UPCAST)
         if HAS_D:
             dx += Dh * dyt.to(tl.float32)
             dD_acc += tl.sum(tl.sum(dyt.to(tl.float32) * xt.to(tl.float32), axis=1), axis=0)
         tl.store(dx_ptr + b * dx_b + h * dx_h + tok[:, None] * dx_l + offs_p[None, :] * dx_p,
                  dx.to(dx_ptr.dtype.element_ty), mask=mask_tp)
-        # dC, dB (T, BN)
-        dC = e[:, None] * _mm(dyt, S_lo, PRECISION, UPCAST) + _mm(Z.to(xt.dtype), Bt, PRECISION, UPCAST)
-        dB = _mm(tl.trans(Z.to(xt.dtype)), Ct, PRECISION, UPCAST) + (w0 * dt)[:, None] * _mm(xt, dS_lo, PRECISION,
-                                                                                              UPCAST)
         bc_off = b * dB_b + g * dB_g + tok[:, None] * dB_l + offs_n[None, :]
         if ATOMIC_BC:
             tl.atomic_add(dB_ptr + bc_off, dB, mask=mask_tn)
@@ -200,15 +202,14 @@ def _bwd_kernel(
         else:
             tl.store(dB_ptr + bc_off, dB, mask=mask_tn)
             tl.store(dC_ptr + bc_off, dC, mask=mask_tn)
-        # d cum and d dt
+        # d cum, then d a by a reverse cumulative sum, d dt and dA
         CS = _mm(Ct, tl.trans(S_lo), PRECISION, UPCAST)  # (T, BP) S C_t
         u = tl.sum(xt.to(tl.float32) * BdS, axis=1)  # (T,) x_j·(dS B_j)
         U = w0 * dt * u  # (T,)
-        R = Rp * dt[None, :]
-        dcum = e * tl.sum(dyt.to(tl.float32) * CS, axis=1) + tl.sum(R, axis=1) - tl.sum(R, axis=0) - U
+        dcum = e * tl.sum(dyt.to(tl.float32) * CS, axis=1) + r_row - r_col * dt - U
         dtotal = tl.exp(total) * tl.sum(tl.sum(dS * S, axis=1), axis=0) + tl.sum(U, axis=0)
         da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dtotal  # (T,) Σ_{t>=i} d cum_t
-        ddt = tl.sum(Rp, axis=0) + w0 * u + A * da
+        ddt = r_col + w0 * u + A * da
         dA_acc += tl.sum(dt * da, axis=0)
         ddt_ptrs = ddt_ptr + b * ddt_b + h * ddt_h + tok * ddt_l
         if ATOMIC_DT:
@@ -234,8 +235,8 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
 
     Forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain).
     Backward: 64-token tiles (a tile holds about twice the forward's live (T, T) and (T, N) blocks, so half the
-    forward's tile keeps them in registers), all of P up to 64 rows, halved while the chains leave more than
-    half of two programs an SM empty (seed 004's 16 x 8 chains on 132 SMs: 32 rows, 256 chains); 8 warps once a
+    forward's tile keeps them in registers), all of P up to 64 rows, halved (down to 16) while there are fewer
+    programs than SMs (seed 004's 16 x 8 chains on 132 SMs: 32 rows, 256 programs); 8 warps once a
     program holds a 64 x 128 state block twice (S and dS), 4 below. Checkpoints: the fewest tokens, a whole
     number of both tiles, at which the fp32 states take no more bytes than x (4·N / itemsize tokens: N = 128
     in bf16 saves every 256 tokens). Register counts, not GPU measurements: ``ssd_kernel_fwdbwd`` times them."""
