@@ -1,18 +1,21 @@
 """A differentiable parallel forward of ``HybridLM`` for training, through the model's own strategy hook.
 
 The model hands every mixer's projected inputs to a strategy (``strategies/base.py``); ``TrainStrategy`` runs
-the prefill maths of the inference path (``run_prefill`` / ``run_prefill_gdn``: conv, then the chunked SSD or
-WY scan from a zero state) and keeps no state. Two things differ from inference:
+the prefill maths of the inference path (conv, then the chunked SSD or WY scan from a zero state) and keeps no
+state. Three things differ from inference:
 
 * the per-step constants are rebuilt from the module's parameters on every call: ``Mamba2Mixer.params()``
   caches A = -exp(A_log) under ``no_grad`` (an inference cache), which would cut A_log out of the graph;
+* the Mamba-2 scan is ``ops.ssd_grad.ssd_chunk_scan_trainable``: on CUDA the one-kernel Triton forward and its
+  reverse-scan backward (seed 004), elsewhere autograd through the same fp32 reference inference runs on CPU.
+  ``mamba_prefill`` is ``run_prefill``'s conv and scan with that one call swapped;
 * attention is ``CausalAttention``: causal SDPA over the call's own keys, no KV cache to write.
 
-Every op runs its PyTorch reference (``reference_ops``: the inference kernels have no backward), so the same
-code trains on CPU and CUDA. fla-core's GDN chunk kernels are not used for training: fla 0.6 refuses their
-backward on Hopper GPUs with Triton < 3.7.1 (it computes wrong gradients there, fla issue #640), which is what
-the GPU machines run. The model code is left as it is: the files that decide benchmark results stay untouched
-(issue 24).
+Every other op runs its PyTorch reference (``reference_ops``: those Triton kernels have no backward), so the
+same code trains on CPU and CUDA. The model and strategy code is left as it is: the files that decide
+benchmark results stay untouched (issue 24). fla-core's GDN chunk kernels are not used for training: fla 0.6
+refuses their backward on Hopper GPUs with Triton < 3.7.1 (wrong gradients there, fla issue #640), which is what
+the GPU machines run, so GDN mixers train through the PyTorch WY form.
 """
 from __future__ import annotations
 
@@ -27,8 +30,11 @@ from torch import Tensor
 
 from ssmspec.engine.context import RunContext
 from ssmspec.models.model import HybridLM
+from ssmspec.ops.causal_conv1d import causal_conv1d
+from ssmspec.ops.dispatch import use_triton
+from ssmspec.ops.ssd_grad import ssd_chunk_scan_trainable
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, StepInputs, StrategyBase,
-                                     run_prefill, run_prefill_gdn)
+                                     run_prefill_gdn)
 
 
 @contextmanager
@@ -47,8 +53,23 @@ def reference_ops() -> Iterator[None]:
             os.environ[key] = old
 
 
+def mamba_prefill(p: MambaParams, inp: MixerInputs, step: StepInputs, *, chunk_size: int, backend: str) -> Tensor:
+    """``strategies/base.py:run_prefill`` from a zero state (conv, then the chunked scan; left padding masked)
+    with the scan of ``ssd_chunk_scan_trainable`` on ``backend``. Returns y (B, L, I); no state is kept."""
+    xbc = inp.xbc
+    if step.valid is not None:
+        xbc = xbc * step.valid[..., None].to(xbc.dtype)  # pads feed zeros, as the empty history does
+    xbc_conv, _ = causal_conv1d(xbc, p.conv_weight, p.conv_bias, activation=p.activation)
+    x, B, C = p.split_xbc(xbc_conv)
+    dt = p.discretize(inp.dt, step.valid)
+    y, _ = ssd_chunk_scan_trainable(x, dt, p.A, B, C, p.D, chunk_size=chunk_size, backend=backend)
+    return y.reshape(*y.shape[:2], -1).to(inp.xbc.dtype)
+
+
 class TrainStrategy(StrategyBase):
-    """Prefill-only, stateless strategy whose outputs carry gradients to every mixer parameter."""
+    """Prefill-only, stateless strategy whose outputs carry gradients to every mixer parameter. ``scan_backend``
+    is the Mamba-2 scan's backend, resolved from the model's device and dtype when the strategy is made (outside
+    ``reference_ops``, so ``SSMSPEC_OPS_BACKEND`` as the user set it decides): the Triton kernels on CUDA."""
 
     name = "train"
     speculative = False
@@ -61,12 +82,13 @@ class TrainStrategy(StrategyBase):
         if model.cfg.d_xb:
             raise ValueError("training MambaInLlama models (d_xb > 0) is not supported; train a mamba2, nemotron_h "
                              "or qwen3_5 family model")
+        self.scan_backend = "triton" if use_triton(next(model.parameters())) else "reference"
 
     def prefill(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         m = self.mamba[p.index]
         p = dataclasses.replace(p, conv_weight=m.conv1d.weight[:, 0, :], conv_bias=m.conv1d.bias, dt_bias=m.dt_bias,
                                 A=-torch.exp(m.A_log.float()), D=m.D)
-        return run_prefill(p, inp, step, chunk_size=self.cfg.chunk_size)[0]  # (B, L, I)
+        return mamba_prefill(p, inp, step, chunk_size=self.cfg.chunk_size, backend=self.scan_backend)  # (B, L, I)
 
     def prefill_gdn(self, p: GDNParams, inp: GDNInputs, step: StepInputs) -> Tensor:
         m = self.gdn[p.index]
