@@ -226,7 +226,7 @@ def decode_set(pair: Pair, prompts: list[list[int]], b: DictConfig, *, strategy:
         out = generate(pair.target, group, max_new_tokens=new, strategy=strategy, drafter=drafter)
         seqs += out.sequences
         for s in out.steps[1:]:
-            accepted += s.accepted
+            accepted += s.running_accepted()
             emitted += sum(s.emitted)
             step_ms.append(s.seconds * 1e3)
         calls += out.model_calls

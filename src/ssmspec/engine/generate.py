@@ -34,6 +34,11 @@ class StepRecord:
     emitted: list[int]  # tokens appended per still-running sequence
     tokens_in_call: int  # rows x length of the model call
 
+    def running_accepted(self) -> list[int]:
+        """Accepted counts of the sequences still running in this step (a finished row keeps being verified
+        until its whole batch is done; what its drafts earn there is not acceptance)."""
+        return [a for a, e in zip(self.accepted, self.emitted) if e > 0]
+
 
 @dataclass
 class GenerationOutput:
@@ -58,12 +63,12 @@ class GenerationOutput:
     def accepted_histogram(self) -> dict[int, int]:
         hist: dict[int, int] = {}
         for s in self.steps[1:]:
-            for a in s.accepted:
+            for a in s.running_accepted():
                 hist[a] = hist.get(a, 0) + 1
         return dict(sorted(hist.items()))
 
     def mean_accepted(self) -> float:
-        vals = [a for s in self.steps[1:] for a in s.accepted]
+        vals = [a for s in self.steps[1:] for a in s.running_accepted()]
         return sum(vals) / len(vals) if vals else 0.0
 
 
