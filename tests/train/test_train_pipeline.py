@@ -64,6 +64,7 @@ def test_the_mtp_head_trains_on_the_frozen_target_and_drafts(trained):
     assert h["agreement"] > max(0.3, h["majority_agreement"]) and h["agreement_tokens"] > 500
     model = load_model(res.entry / "mamba2-target")
     assert model.cfg.mtp_layers == 1 and model.mtp is not None
+    assert t["params"] + h["params"] == model.cfg.num_parameters()  # the target's own, then the head's
     draft = load_model(res.entry / "mamba2-draft")
     assert draft.mtp is None  # drafts carry no head
     tok_prompts = [[5 + i for i in range(20)], [40 + 3 * i for i in range(12)]]

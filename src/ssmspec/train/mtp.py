@@ -127,5 +127,6 @@ def train_head(target: HybridLM, train_stream: Tensor, val_stream: Tensor, setti
     stats = fit(_Head(target), mtp_loss(target), train_stream, val, c, seed=seed, label=label, log_file=log_file)
     target.requires_grad_(False)
     target.eval()
-    return {"layers": settings.layers, "steps": c.steps, **stats,
+    params = sum(p.numel() for p in target.mtp.parameters())
+    return {"layers": settings.layers, "params": params, "steps": c.steps, **stats,
             **agreement(target, val.to(target.device), c.batch)}

@@ -139,8 +139,8 @@ def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int,
             stats["mtp"] = train_head(target, train_stream, val_stream, head, seed=seed + 2, label=f"{t_cfg.name}-mtp",
                                       log_file=log_file)
         export_checkpoint(target, tmp / t_cfg.name, tokenizer_dir=tmp / "tokenizer")
-        out[t_cfg.name] = {"path": t_cfg.name, "family": fam, "role": "target", "params": t_cfg.num_parameters(),
-                           **stats}
+        out[t_cfg.name] = {"path": t_cfg.name, "family": fam, "role": "target",
+                           "params": t_cfg.replace(mtp_layers=0).num_parameters(), **stats}  # the head's: stats["mtp"]
         draft = build_model(d_cfg, seed=seed + 1, device=device)
         val_d = windows_for_eval(val_stream, loops["distill"])
         stats = fit(draft, kl_to_target(target), train_stream, val_d, loops["distill"], seed=seed + 1,
