@@ -8,6 +8,9 @@ buffer (``TokenBuffer``: prompt + emitted tokens of every sequence), and the per
     drafter.propose_device(buf)  ->  strategy.layout  ->  model  ->  verifier  ->  strategy.commit + KV commit
     ->  drafter.observe  ->  append the emitted tokens to the buffer, EOS / length flags
 
+(a drafter with ``wants_hidden``, the mtp drafter, is also handed the target's final hidden states of the pending
+token and the accepted path: ``observe_hidden``, gathered on the device from the same forward)
+
 with device ops only: the host waits on nothing inside a step. Finished sequences keep stepping (their
 emitted count is masked to 0), and prompts of different lengths were left-padded at prefill, so the shapes
 never change. On CUDA the drafting and the target's step are captured as two graphs replayed back to back
