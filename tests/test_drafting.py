@@ -11,6 +11,8 @@ from ssmspec.drafting.oracle import Oracle, expected_accepted
 from ssmspec.drafting.base import TokenBuffer
 from ssmspec.drafting.png import ngram_drafts, ngram_drafts_device
 from ssmspec.drafting.static_tree import SHAPES, StaticTree, check_parents
+from ssmspec.models.config import load_preset
+from ssmspec.models.model import build_model
 from ssmspec.paths import CONF_DIR
 from ssmspec.verify import GreedyVerifier
 
@@ -289,7 +291,7 @@ def test_oracle_needs_a_reference():
 
 # registry and bad input ---------------------------------------------------------------------------
 def test_registry():
-    assert set(drafter_names()) == {"none", "png", "draft_model", "static_tree", "beam_tree", "oracle"}
+    assert set(drafter_names()) == {"none", "png", "draft_model", "static_tree", "beam_tree", "oracle", "mtp"}
     assert make_drafter("none") is None
     with pytest.raises(ValueError, match="unknown drafter 'ngram'.*png"):
         make_drafter("ngram")
@@ -327,6 +329,8 @@ def test_every_drafter_config_builds():
         cfg = yaml.safe_load(Path(f).read_text())
         name = cfg.pop("name")
         assert name == f.stem
+        if name == "mtp":  # the run passes the target whose head drafts (config.build_drafter's extra options)
+            cfg["target"] = build_model(load_preset("tiny-qwen3.5").replace(mtp_layers=1), seed=0)
         d = make_drafter(name, **cfg)
         assert (d is None) == (name == "none")
         if d is not None:

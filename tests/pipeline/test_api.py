@@ -14,7 +14,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 def _examples() -> list[str]:
     section = README.read_text().split("## Python API", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 2, "the Python API section holds two examples: decoding, and a draft model"
+    assert len(blocks) == 3, "the Python API section holds three examples: decoding, a draft model, an MTP head"
     return blocks
 
 
@@ -44,3 +44,8 @@ def test_readme_example_runs(capsys):
 def test_readme_draft_model_example_runs():
     """The draft-model example: a Gated DeltaNet draft's beam tree through the draft engine, lossless."""
     exec(compile(_examples()[1], str(README), "exec"), {})
+
+
+def test_readme_mtp_example_runs():
+    """The MTP example: a Qwen3.5 target drafting with its own (random) multi-token-prediction head, lossless."""
+    exec(compile(_examples()[2], str(README), "exec"), {})

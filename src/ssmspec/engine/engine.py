@@ -116,6 +116,9 @@ class Engine:
                 prompts = [[t for t, v in zip(row, keep) if v] for row, keep in zip(ids.tolist(), valid.tolist())]
             self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device,
                                max_new_tokens=self.step.max_new_tokens)
+            if self.step.keep_hidden:  # the drafter reads the prompt's hidden states (the mtp drafter)
+                self.drafter.observe_prompt(ids, valid, self.step.prompt_hidden)
+                self.step.prompt_hidden = None
         return self.step.report_of(self.step.report.cpu())
 
     @torch.no_grad()

@@ -8,6 +8,9 @@ buffer (``TokenBuffer``: prompt + emitted tokens of every sequence), and the per
     drafter.propose_device(buf)  ->  strategy.layout  ->  model  ->  verifier  ->  strategy.commit + KV commit
     ->  drafter.observe  ->  append the emitted tokens to the buffer, EOS / length flags
 
+(a drafter with ``wants_hidden``, the mtp drafter, is also handed the target's final hidden states of the pending
+token and the accepted path: ``observe_hidden``, gathered on the device from the same forward)
+
 with device ops only: the host waits on nothing inside a step. Finished sequences keep stepping (their
 emitted count is masked to 0), and prompts of different lengths were left-padded at prefill, so the shapes
 never change. On CUDA the drafting and the target's step are captured as two graphs replayed back to back
@@ -104,6 +107,12 @@ class DecodeStep:
         self.grow_bound = True  # eager runs: raise kv_bound by one step's tokens per step (host knowledge);
         # a captured step reads the whole capacity (its shapes are frozen at capture)
         self.drafts: DraftTree | None = None  # the drafts the target's step reads (static under graphs)
+        # a drafter that reads the target's final hidden states (``wants_hidden``: the mtp drafter) is handed those
+        # of the prompt (``prompt_hidden``, until Engine.prefill passes them on) and, every step, those of the
+        # pending token and the accepted drafts (``observe_hidden``); without one the step computes what it did
+        self.keep_hidden = bool(getattr(drafter, "wants_hidden", False))
+        self.prompt_hidden: Tensor | None = None
+        self.hidden: Tensor | None = None  # (rows, L, d) of the last verify forward, kept for such a drafter
 
     def cache_bytes(self) -> int:
         """Strategy state + KV caches of this run."""
@@ -120,7 +129,9 @@ class DecodeStep:
         self.ctx.step = StepInputs(input_ids=ids, positions=positions, valid=valid, prefill=True)
         for c in self.kv:
             c.length.zero_()
-        h = self.model.hidden(ids, self.ctx)[:, -1:]  # (B, 1, d): the LM head at the last position only
+        hs = self.model.hidden(ids, self.ctx)  # (B, T, d)
+        self.prompt_hidden = hs if self.keep_hidden else None
+        h = hs[:, -1:]  # (B, 1, d): the LM head at the last position only
         logits = self.model.logits(h, fp32=self.fp32_logits)  # (B, 1, V)
         for c in self.kv:
             c.start.copy_(pads)
@@ -196,6 +207,9 @@ class DecodeStep:
             self.kv_bound = min(self.kv_bound + self.spec.nodes + 1, self.kv_capacity)
         step.kv_bound = self.kv_bound
         self.ctx.step = step
+        if self.keep_hidden:  # the same forward, its final hidden states (rows, L, d) kept for the drafter
+            self.hidden = self.model.hidden(step.input_ids, self.ctx)
+            return step, self.model.logits(self.hidden, fp32=self.fp32_logits)
         return step, self.model(step.input_ids, self.ctx, fp32=self.fp32_logits)
 
     def target_step(self) -> None:
@@ -209,6 +223,9 @@ class DecodeStep:
             for c in self.kv:
                 c.commit(rows, cols, verdict.accepted + 1)
         if self.drafter is not None:
+            if self.keep_hidden:  # hidden states of the pending token and the accepted path (B, 1+S, d)
+                nodes = step.gather_nodes(self.hidden)  # (B, 1+T, d)
+                self.drafter.observe_hidden(nodes.gather(1, verdict.path[..., None].expand(-1, -1, nodes.shape[-1])))
             self.drafter.observe(verdict)
         a = verdict.accepted  # (B,)
         if drafts is None:

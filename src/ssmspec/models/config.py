@@ -82,6 +82,11 @@ class ModelConfig:
     topk_groups: int = 1  # groups a token may route into
     moe_kind: str = "nemotron"  # nemotron (sigmoid router, relu² experts) | qwen (softmax router, SwiGLU
     #                             experts, SwiGLU shared expert behind a sigmoid gate: Qwen3-Next)
+    # multi-token-prediction head (models/mtp.py): from the final hidden state at t and the embedding of token t + 1
+    # it predicts token t + 2, with the blocks below sized as the model's own; it shares the embedding and LM head
+    mtp_layers: int = 0  # MTP layers (0: no head; Qwen3.5 / Qwen3-Next mtp_num_hidden_layers, Nemotron-H
+    #                      num_nextn_predict_layers; the published heads have 1)
+    mtp_pattern: str = "*-"  # blocks of one MTP layer (Nemotron-H mtp_hybrid_override_pattern; Qwen: *- or *E)
     # whole model
     norm_eps: float = 1e-5
     tie_embeddings: bool = True  # lm_head shares the embedding matrix
@@ -115,9 +120,13 @@ class ModelConfig:
                 raise ValueError(f"model {self.name!r}: d_xb={self.d_xb} must be a multiple of head_dim={self.head_dim} "
                                  f"and state_size={self.state_size} whose quotients divide ssm_heads={self.ssm_heads} "
                                  f"and n_groups={self.n_groups} (MambaInLlama repeats x and B head-wise)")
-        if "*" in self.pattern and self.n_heads % self.n_kv_heads:
+        if "*" in self.pattern + self.mtp_pattern * self.mtp_layers and self.n_heads % self.n_kv_heads:
             raise ValueError(f"model {self.name!r}: n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
-        if "E" in self.pattern and not (0 < self.top_k <= self.n_experts):
+        if self.mtp_layers not in (0, 1) or not self.mtp_pattern or set(self.mtp_pattern) - set("*-E"):
+            raise ValueError(f"model {self.name!r}: mtp_layers={self.mtp_layers} must be 0 (no head) or 1 (the published "
+                             f"Qwen3.5 / Qwen3-Next / Nemotron-3 heads), and mtp_pattern={self.mtp_pattern!r} one or "
+                             f"more of * (attention), - (MLP), E (MoE)")
+        if "E" in self.pattern + self.mtp_pattern * self.mtp_layers and not (0 < self.top_k <= self.n_experts):
             raise ValueError(f"model {self.name!r}: need 0 < top_k <= n_experts for E blocks")
 
     # derived sizes -------------------------------------------------------------------------
@@ -188,7 +197,9 @@ class ModelConfig:
     def num_parameters(self) -> int:
         """Parameter count of the model this config builds (embedding counted once when tied)."""
         d, n = self.d_model, 0
-        for c in self.pattern:
+        if self.mtp_layers:  # the MTP head's two input norms, fc (2d -> d) and final norm
+            n += 3 * d + 2 * d * d
+        for c in self.pattern + self.mtp_pattern * self.mtp_layers:
             n += d  # block norm
             if c == "M":
                 n += d * self.in_proj_dim + self.conv_dim * (self.conv_kernel + int(self.conv_bias))

@@ -32,6 +32,7 @@ from ssmspec.models.config import ModelConfig
 from ssmspec.models.loading_mil import MIL_CONFIG, load_mil
 from ssmspec.models.loading_qwen import QWEN_ARCHITECTURES, config_from_qwen, is_qwen, load_qwen
 from ssmspec.models.model import HybridLM
+from ssmspec.models.mtp import keep_declared_head, mtp_config_fields, mtp_from_hf, split_mtp
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ MAMBA_SSM_MODEL_DEFAULTS = {"d_intermediate": 0, "vocab_size": 50277, "attn_laye
                             "residual_in_fp32": True, "pad_vocab_size_multiple": 8, "tie_embeddings": True}
 # KV-cache length allocated when the checkpoint advertises more (262144 for Nemotron-3-Nano); override
 # with load_model(..., max_seq_len=...)
-_IGNORED_PREFIXES = ("mtp.",)  # NemotronH multi-token-prediction heads: transformers skips them too
+_IGNORED_PREFIXES = ("mtp.",)  # an MTP head the config does not declare (load_model reads a declared one: models/mtp.py)
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -108,7 +109,7 @@ def _mamba2_config(hf: dict, common: dict, *, name: str, max_seq_len: int | None
                        conv_bias=bool(hf.get("use_conv_bias", True)), proj_bias=bool(hf.get("use_bias", False)),
                        mamba_activation=hf.get("hidden_act", "silu"),
                        residual_in_fp32=bool(hf.get("residual_in_fp32", True)),
-                       max_seq_len=max_seq_len or 4096)
+                       max_seq_len=max_seq_len or 4096, **mtp_config_fields(hf, "mamba2"))
 
 
 def _nemotron_h_pattern(hf: dict, name: str) -> str:
@@ -159,7 +160,7 @@ def _nemotron_h_config(hf: dict, common: dict, *, name: str, max_seq_len: int | 
         n_expert_groups=int(hf.get("n_group", 1)), topk_groups=int(hf.get("topk_group", 1)),
         # NemotronHBlock adds the residual in the activation dtype whatever residual_in_fp32 says
         residual_in_fp32=False,
-        max_seq_len=max_seq_len or min(max_pos, DEFAULT_MAX_SEQ_LEN))
+        max_seq_len=max_seq_len or min(max_pos, DEFAULT_MAX_SEQ_LEN), **mtp_config_fields(hf, "nemotron_h"))
 
 
 # model_type -> (the transformers class that saves it, the mapper of its config.json). config_from_hf
@@ -335,7 +336,11 @@ def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.
         _check_sizes(raw, path / "config.json")
         return load_qwen(path, raw, device=device, dtype=dtype, max_seq_len=max_seq_len)
     cfg = config_from_checkpoint(path, max_seq_len=max_seq_len)
-    sd = convert_state_dict(read_state_dict(path), cfg)
+    sd, head = split_mtp(read_state_dict(path))
+    cfg = keep_declared_head(cfg, head, f"checkpoint {path}")
+    sd = convert_state_dict(sd, cfg)
+    if cfg.mtp_layers:  # the multi-token-prediction head the config declares (models/mtp.py)
+        sd.update(mtp_from_hf(head, cfg))
     check_state_dict(sd, cfg, where=f"checkpoint {path}")
     with torch.device("meta"):
         model = HybridLM(cfg)
@@ -343,7 +348,7 @@ def load_model(path_or_hub_id: str | os.PathLike, *, device="cpu", dtype: torch.
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embeddings.weight
     model = model.to(device=device, dtype=dtype)
-    for block in model.layers:
+    for block in model.blocks():
         if block.kind == "E":
             block.mixer.gate.e_score_correction_bias.data = block.mixer.gate.e_score_correction_bias.float()
     log.info("loaded %s (%s, %d params) from %s", cfg.name, cfg.family, cfg.num_parameters(), path)

@@ -14,7 +14,8 @@ are stored as 1 + w (the GDN's gated norm is a plain weight and is copied). Qwen
 ``in_proj_ba`` are grouped per key head ([q | k | v r heads | z r heads], [b r | a r]) and are split into the
 Qwen3.5 layout ``in_proj_qkv`` / ``in_proj_z`` / ``in_proj_b`` / ``in_proj_a``; per-expert ``gate_proj`` /
 ``up_proj`` / ``down_proj`` are stacked into ``experts.gate_up_proj`` (E, 2 I, d) and ``experts.down_proj``.
-``mtp.*`` (multi-token prediction) and ``model.visual.*`` are skipped, as transformers skips them.
+``model.visual.*`` is skipped, as transformers skips it; ``mtp.*``, the multi-token-prediction head, is read when
+config.json declares it (``mtp_num_hidden_layers``; ``models/mtp.py``) and skipped otherwise, as transformers does.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from torch import Tensor
 from ssmspec.models.checkpoint import DEFAULT_MAX_SEQ_LEN, _first_id, check_state_dict, read_state_dict
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.model import HybridLM
+from ssmspec.models.mtp import keep_declared_head, mtp_config_fields, mtp_from_hf, split_mtp
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ def config_from_qwen(raw: dict, *, name: str = "checkpoint", max_seq_len: int | 
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         residual_in_fp32=False, max_seq_len=max_seq_len or min(max_pos, DEFAULT_MAX_SEQ_LEN),
         pad_token_id=_first_id(hf.get("pad_token_id"), 0), bos_token_id=_first_id(hf.get("bos_token_id"), 0),
-        eos_token_id=_first_id(hf.get("eos_token_id"), 0))
+        eos_token_id=_first_id(hf.get("eos_token_id"), 0), **mtp_config_fields(hf, family))
 
 
 def _split_qkvz(w_qkvz: Tensor, w_ba: Tensor, cfg: ModelConfig) -> dict[str, Tensor]:
@@ -218,7 +220,11 @@ def load_qwen(path: str | os.PathLike, raw: dict, *, device="cpu", dtype: torch.
             raise
         raise ValueError(f"{path / 'config.json'}: {e}") from None
     cfg = cfg.replace(source=f"checkpoint {path}")
-    sd = convert_qwen_state_dict(read_state_dict(path), cfg)
+    sd, head = split_mtp(read_state_dict(path))
+    cfg = keep_declared_head(cfg, head, f"checkpoint {path}")
+    sd = convert_qwen_state_dict(sd, cfg)
+    if cfg.mtp_layers:  # the multi-token-prediction head the config declares (models/mtp.py)
+        sd.update(mtp_from_hf(head, cfg))
     check_state_dict(sd, cfg, where=f"checkpoint {path}")
     with torch.device("meta"):
         model = HybridLM(cfg)

@@ -63,6 +63,11 @@ class HybridLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embeddings.weight
+        self.mtp = None  # multi-token-prediction head (models/mtp.py), built only when the config declares one
+        if cfg.mtp_layers:
+            from ssmspec.models.mtp import MTPHead  # mtp.py builds its blocks from Block above
+
+            self.mtp = MTPHead(cfg)
 
     @property
     def device(self) -> torch.device:
@@ -71,6 +76,10 @@ class HybridLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embeddings.weight.dtype
+
+    def blocks(self) -> list[Block]:
+        """Every block: the model's, then the MTP head's."""
+        return [*self.layers, *(self.mtp.blocks if self.mtp is not None else ())]
 
     def prepare(self) -> "HybridLM":
         """Build every mixer's per-step constants now (e.g. before a CUDA-graph capture); they are rebuilt
@@ -111,7 +120,7 @@ class HybridLM(nn.Module):
             t.copy_(torch.randn(t.shape, generator=gen, device=dev, dtype=torch.float32).mul_(std))
 
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("norm_f.weight") or name.endswith(".D"):
+            if name.endswith(("norm.weight", "norm_f.weight", ".D", "norm_embedding.weight", "norm_hidden.weight")):
                 p.fill_(1.0)
             elif name.endswith("A_log"):
                 a = torch.rand(p.shape, generator=gen, device=dev) * 15 + 1  # A in [1, 16]
@@ -137,7 +146,7 @@ def build_model(cfg: ModelConfig, *, seed: int = 0, device="cpu", dtype=torch.fl
     with torch.device("meta"):
         model = HybridLM(cfg).to(dtype=dtype)
     model = model.to_empty(device=device)
-    for block in model.layers:  # buffers are not touched by init_random
+    for block in model.blocks():  # buffers are not touched by init_random
         if block.kind == "E" and cfg.moe_kind != "qwen":
             block.mixer.gate.e_score_correction_bias.zero_()
     if cfg.tie_embeddings:

@@ -6,7 +6,9 @@ the format ``models.loading.load_model`` reads for its family and transformers l
     qwen3_5     Qwen3_5ForCausalLM     (Qwen3.5 text model: G or * decoder layers, each followed by a SwiGLU MLP)
 
 The weights go through the transformers model (``load_state_dict(strict=True)``, then ``save_pretrained``), so the
-directory is exactly what transformers writes for that class. ``canonical_config`` is the config the loader reads
+directory is exactly what transformers writes for that class. A multi-token-prediction head (``cfg.mtp_layers``;
+``models/mtp.py``), which none of these classes holds, is declared in config.json the way its family's checkpoints
+declare it and appended to the weights under its family's ``mtp.*`` names; transformers skips those keys. ``canonical_config`` is the config the loader reads
 back from that config.json: the trainer builds its model from it, so the checkpoint reloads with the trained
 numbers (e.g. Nemotron-H's residual stream in the model dtype, its dt clamp at time_step_min).
 """
@@ -20,6 +22,7 @@ import torch
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.loading import config_from_hf
 from ssmspec.models.model import HybridLM
+from ssmspec.models.mtp import mtp_hf_fields, mtp_to_hf
 
 TRAINABLE = ("mamba2", "nemotron_h", "qwen3_5")
 _ZERO_CENTRED = ("norm_f.weight", ".norm.weight", "q_norm.weight", "k_norm.weight")  # Qwen stores w with y = x̂ (1 + w)
@@ -31,6 +34,9 @@ def _check(cfg: ModelConfig) -> None:
     if "E" in cfg.pattern:
         raise ValueError(f"model {cfg.name!r}: MoE blocks (E in pattern {cfg.pattern!r}) are not trained here; use M, "
                          f"*, - (nemotron_h) or G, *, - (qwen3_5) blocks")
+    if cfg.mtp_layers and "E" in cfg.mtp_pattern:
+        raise ValueError(f"model {cfg.name!r}: MoE blocks in the MTP head (mtp_pattern {cfg.mtp_pattern!r}) are not "
+                         f"trained here; use *- (attention, then an MLP)")
     if cfg.family == "mamba2" and (set(cfg.pattern) != {"M"} or cfg.d_inner % cfg.d_model):
         raise ValueError(f"model {cfg.name!r}: a mamba2 model is M blocks only with ssm_heads*head_dim a multiple of "
                          f"d_model (transformers' expand); got pattern {cfg.pattern!r}, {cfg.d_inner} / {cfg.d_model}")
@@ -45,7 +51,8 @@ def hf_config(cfg: ModelConfig):
     """The transformers config object of ``cfg``'s family (module doc)."""
     _check(cfg)
     ids = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, tie_word_embeddings=cfg.tie_embeddings,
-               pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id)
+               pad_token_id=cfg.pad_token_id, bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id,
+               **mtp_hf_fields(cfg))
     if cfg.family == "mamba2":
         from transformers import Mamba2Config
 
@@ -126,6 +133,8 @@ def hf_state_dict(model: HybridLM, hf_keys: set[str]) -> dict[str, torch.Tensor]
     """The model's tensors under the transformers model's names (zero-centred Qwen norms stored as w - 1)."""
     cfg, out = model.cfg, {}
     for k, t in model.state_dict().items():
+        if k.startswith("mtp."):  # not in the transformers model: export_checkpoint appends it (mtp_to_hf)
+            continue
         t = t.detach().float().cpu()
         if cfg.family == "qwen3_5":
             name = _qwen_key(k)
@@ -152,8 +161,31 @@ def export_checkpoint(model: HybridLM, out: str | Path, *, tokenizer_dir: str | 
     if model.cfg.tie_embeddings:
         hf.tie_weights()
     hf.save_pretrained(str(out))
+    _append_weights(out, mtp_to_hf(model))
     if tokenizer_dir is not None:
         for f in sorted(Path(tokenizer_dir).iterdir()):
             if f.is_file():
                 shutil.copy2(f, out / f.name)
     return out
+
+
+def _append_weights(out: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Add ``tensors`` to the checkpoint save_pretrained wrote in ``out``: into model.safetensors, or as one more
+    shard listed in model.safetensors.index.json."""
+    if not tensors:
+        return
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    index = out / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        save_file({k: t.contiguous() for k, t in tensors.items()}, str(out / "model-mtp.safetensors"),
+                  metadata={"format": "pt"})
+        data["weight_map"].update({k: "model-mtp.safetensors" for k in tensors})
+        index.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        return
+    file = out / "model.safetensors"
+    merged = {**load_file(str(file)), **tensors}
+    save_file({k: t.contiguous() for k, t in merged.items()}, str(file), metadata={"format": "pt"})

@@ -110,11 +110,24 @@ class CausalAttention:
         return out.transpose(1, 2)
 
 
-def train_logits(model: HybridLM, ids: Tensor) -> Tensor:
-    """ids (B, L) -> logits (B, L, V) fp32, differentiable in every parameter (module doc)."""
+def train_context(model: HybridLM, ids: Tensor, *, attention: int | None = None, strategy: bool = True) -> RunContext:
+    """The context of a training call on ids (B, L): positions 0 .. L - 1, ``attention`` causal-attention stand-ins
+    (default: one per attention block of the model), the ``TrainStrategy`` (``strategy=False``: none, for the MTP
+    head, which has no SSM block)."""
     B, L = ids.shape
     step = StepInputs(input_ids=ids, positions=torch.arange(L, device=ids.device)[None].expand(B, L), prefill=True)
-    ctx = RunContext(strategy=TrainStrategy(model), kv=[CausalAttention() for _ in model.cfg.attention_layers],
-                     step=step)
+    n = len(model.cfg.attention_layers) if attention is None else attention
+    return RunContext(strategy=TrainStrategy(model) if strategy else None, kv=[CausalAttention() for _ in range(n)],
+                      step=step)
+
+
+def train_logits(model: HybridLM, ids: Tensor) -> Tensor:
+    """ids (B, L) -> logits (B, L, V) fp32, differentiable in every parameter (module doc)."""
     with reference_ops():
-        return model(ids, ctx)
+        return model(ids, train_context(model, ids))
+
+
+def train_hidden(model: HybridLM, ids: Tensor) -> Tensor:
+    """ids (B, L) -> the final hidden states (B, L, d) after the final norm (what the LM head and an MTP head read)."""
+    with reference_ops():
+        return model.hidden(ids, train_context(model, ids))

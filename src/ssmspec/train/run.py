@@ -4,7 +4,8 @@ next-token loss and a draft distilled from it -> Hugging Face checkpoints, all i
 Entry layout (``cache.py``: written whole or not at all)::
 
     <cache_dir>/<key>/tokenizer/            tokenizer.json, tokenizer_config.json
-    <cache_dir>/<key>/<family>-target/      config.json, model.safetensors, tokenizer files
+    <cache_dir>/<key>/<family>-target/      config.json, model.safetensors, tokenizer files (with the target's MTP
+                                            head as mtp.* weights when the config has an mtp section: mtp.py)
     <cache_dir>/<key>/<family>-draft/       the same, for the draft
     <cache_dir>/<key>/train_log.jsonl       one line per evaluation of every model (trainer.py)
     <cache_dir>/<key>/curves.png            plots/training.py over the log
@@ -26,12 +27,13 @@ from ssmspec.train.cache import Staging, cache_key, read_entry
 from ssmspec.train.corpus import load_corpus
 from ssmspec.train.distill import kl_to_target
 from ssmspec.train.export import canonical_config, export_checkpoint
+from ssmspec.train.mtp import head_settings, train_head, with_head
 from ssmspec.train.tokenizer import SPECIALS, encode_stream, save_tokenizer, train_tokenizer
 from ssmspec.train.trainer import LoopConfig, check_memory, evaluate, fit, lm_loss, windows_for_eval
 
 log = logging.getLogger(__name__)
 
-TOP_KEYS = {"name", "seed", "device", "cache_dir", "corpus", "tokenizer", "train", "distill", "models"}
+TOP_KEYS = {"name", "seed", "device", "cache_dir", "corpus", "tokenizer", "train", "distill", "models", "mtp"}
 CORPUS_KEYS = {"root", "max_bytes", "min_bytes", "val_fraction"}
 TOKENIZER_KEYS = {"vocab_size", "min_frequency"}
 NOT_IN_KEY = ("name", "cache_dir", "device")  # where and under which name: not what is trained
@@ -85,6 +87,7 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
     cc = _keys(cfg["corpus"], CORPUS_KEYS, "corpus")
     tc = _keys(cfg["tokenizer"], TOKENIZER_KEYS, "tokenizer")
     loops = {k: LoopConfig.from_dict(cfg[k], k) for k in ("train", "distill")}
+    head = head_settings(cfg.get("mtp"))  # MTP heads of the targets (train/mtp.py), None: none
     models = _keys(cfg["models"], set(cfg["models"] or {}), "models")
     if not models:
         raise ValueError("models is empty; name at least one family, e.g. models.mamba2.target.preset=tiny-mamba2")
@@ -101,13 +104,13 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
         return TrainResult(entry, read_entry(entry), hit=True)
     staging = Staging(cache_dir, key)
     with staging as tmp:
-        manifest = _build(tmp, corpus, tc, loops, models, seed=seed, device=dev)
+        manifest = _build(tmp, corpus, tc, loops, models, seed=seed, device=dev, head=head)
         manifest.update(key=key, config=keyed)
         final = staging.commit(manifest)
     return TrainResult(final, read_entry(final), hit=False)
 
 
-def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int, device) -> dict:
+def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int, device, head=None) -> dict:
     tok = train_tokenizer(corpus.texts("train"), vocab_size=int(tc["vocab_size"]),
                           min_frequency=int(tc.get("min_frequency", 2)))
     save_tokenizer(tok, tmp / "tokenizer")
@@ -122,7 +125,7 @@ def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int,
     log_file.touch()
     out: dict = {}
     for fam in sorted(models):
-        t_cfg = model_config(models[fam]["target"], name=f"{fam}-target", vocab_size=vocab, seed=seed)
+        t_cfg = with_head(model_config(models[fam]["target"], name=f"{fam}-target", vocab_size=vocab, seed=seed), head)
         d_cfg = model_config(models[fam]["draft"], name=f"{fam}-draft", vocab_size=vocab, seed=seed)
         if d_cfg.family != t_cfg.family:
             raise ValueError(f"models.{fam}: the draft's family {d_cfg.family!r} differs from the target's "
@@ -132,9 +135,12 @@ def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int,
         target = build_model(t_cfg, seed=seed, device=device)
         val_t = windows_for_eval(val_stream, loops["train"])
         stats = fit(target, lm_loss, train_stream, val_t, loops["train"], seed=seed, label=t_cfg.name, log_file=log_file)
+        if head is not None:  # the head on the frozen target, exported with it
+            stats["mtp"] = train_head(target, train_stream, val_stream, head, seed=seed + 2, label=f"{t_cfg.name}-mtp",
+                                      log_file=log_file)
         export_checkpoint(target, tmp / t_cfg.name, tokenizer_dir=tmp / "tokenizer")
-        out[t_cfg.name] = {"path": t_cfg.name, "family": fam, "role": "target", "params": t_cfg.num_parameters(),
-                           **stats}
+        out[t_cfg.name] = {"path": t_cfg.name, "family": fam, "role": "target",
+                           "params": t_cfg.replace(mtp_layers=0).num_parameters(), **stats}  # the head's: stats["mtp"]
         draft = build_model(d_cfg, seed=seed + 1, device=device)
         val_d = windows_for_eval(val_stream, loops["distill"])
         stats = fit(draft, kl_to_target(target), train_stream, val_d, loops["distill"], seed=seed + 1,
@@ -161,6 +167,8 @@ def describe(result: TrainResult) -> str:
     lines = [f"{head}: {paths.shown(result.entry)} (corpus {m['corpus']['hash'][:12]}, seed {m['seed']})"]
     for name, s in sorted(m["models"].items()):
         extra = f", KL to target {s['val_kl']:.3f}" if s["role"] == "draft" else ""
+        if "mtp" in s:
+            extra = f", MTP head validation loss {s['mtp']['val_loss']:.3f}, agreement {s['mtp']['agreement']:.2f}"
         lines.append(f"  {name:<22} {paths.shown(result.entry / s['path'])}  {s['params'] / 1e6:.2f}M params, "
                      f"{s['tokens_seen']:,} tokens, {s['train_time_s']:.1f} s, validation loss {s['val_loss']:.3f}"
                      f"{extra}")
