@@ -30,6 +30,7 @@ def test_measured_acceptance_on_the_trained_pair(cli, tmp_path, train_cache):
     assert ("validation", "none", 0, "autoregressive") in lines
     for strategy in ("replay", "snapshot"):
         assert ("validation", "draft_model", 4, strategy) in lines and ("validation", "png 3..2", 4, strategy) in lines
+        assert ("validation", "mtp", 4, strategy) in lines  # the tiny target carries an MTP head
     for strategy in ("stree", "replay"):
         assert ("validation", "beam_tree 2x4", 4, strategy) in lines
         assert ("validation", "static_tree A", 4, strategy) in lines

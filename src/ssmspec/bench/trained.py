@@ -12,8 +12,9 @@ the run's device and decode real text through ``generate()``:
   position (``bench.seed``); ``humaneval``, the first ``num_prompts`` HumanEval prompts, their last
   ``prompt_len`` tokens (a ``status: skipped`` row naming the fix when the set is not on disk);
 - per set, greedy autoregressive decoding (``drafter: none``, the reference), then every drafter x strategy:
-  ``draft_model`` (the distilled draft, chains of S for S in ``bench.draft_len``) and ``png`` (prompt n-gram
-  lookup, ``bench.png``, chains of S) under the chain strategies (``bench.chain_strategies``), and the draft's
+  ``draft_model`` (the distilled draft, chains of S for S in ``bench.draft_len``), ``png`` (prompt n-gram
+  lookup, ``bench.png``, chains of S) and, when the target carries an MTP head (``mtp.layers`` of the train
+  run), ``mtp`` (the head chained S times) under the chain strategies (``bench.chain_strategies``), and the draft's
   token trees (``bench.trees``: beam_tree, static_tree) under the tree strategies (``bench.tree_strategies``).
 
 A row (``kind: decode``) records ``acceptance: measured``, ``pair: trained``, the train cache key and the
@@ -176,7 +177,7 @@ def agreement_row(pair: Pair, pset: PromptSet, b: DictConfig) -> dict:
             "draft_top1_acc": d_ok / max(total, 1), "window": W}
 
 
-def _lines(b: DictConfig) -> list[dict]:
+def _lines(b: DictConfig, *, mtp: bool = False) -> list[dict]:
     """(drafter options, strategies) of every decode line but the autoregressive reference."""
     out = []
     for S in b.draft_len:
@@ -184,6 +185,9 @@ def _lines(b: DictConfig) -> list[dict]:
     for S in b.draft_len:
         out.append({"name": "png", **OmegaConf.to_container(b.png), "draft_len": int(S),
                     "strategies": list(b.chain_strategies)})
+    if mtp:  # the target's own MTP head (trained with it: python -m ssmspec train ... mtp.layers=1)
+        for S in b.draft_len:
+            out.append({"name": "mtp", "draft_len": int(S), "strategies": list(b.chain_strategies)})
     for tree in b.trees:
         out.append({**OmegaConf.to_container(tree), "strategies": list(b.tree_strategies)})
     return out
@@ -205,7 +209,9 @@ def _drafter(opts: dict, pair: Pair):
     from ssmspec.drafting import make_drafter
 
     kw = {k: v for k, v in opts.items() if k not in ("name", "strategies")}
-    if opts["name"] != "png":
+    if opts["name"] == "mtp":
+        kw["target"] = pair.target
+    elif opts["name"] != "png":
         kw["draft"] = pair.draft
     return make_drafter(opts["name"], **kw)
 
@@ -271,7 +277,7 @@ def run_acceptance(cfg: DictConfig) -> Iterator[dict]:
                 "timing": timing}
         row, ref = decode_set(pair, pset.prompts, b, strategy="autoregressive", opts=None, reference=None)
         yield {**head, "drafter": "none", "S": 0, "strategy": "autoregressive", **row}
-        for opts in track(_lines(b), desc=f"trained_acceptance {name}"):
+        for opts in track(_lines(b, mtp=pair.target.cfg.mtp_layers > 0), desc=f"trained_acceptance {name}"):
             for strategy in opts["strategies"]:
                 row, _ = decode_set(pair, pset.prompts, b, strategy=strategy, opts=opts, reference=ref)
                 cfg_row = {k: v for k, v in opts.items() if k != "strategies"}

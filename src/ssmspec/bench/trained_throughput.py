@@ -31,7 +31,7 @@ from ssmspec.strategies import SpecConfig
 log = logging.getLogger("ssmspec.bench.trained")
 
 LINE_KEYS = {"drafter", "strategy"}
-DRAFTERS = ("draft_model", "png")
+DRAFTERS = ("draft_model", "png", "mtp")
 
 
 def check_throughput(t: DictConfig) -> None:
@@ -52,11 +52,13 @@ def _horizon(t: DictConfig) -> int:
     return (int(t.warmup) + int(t.iters) + 2) * (max(int(s) for s in t.draft_len) + 1)
 
 
-def _drafter(name: str, S: int, draft, ngram: dict):
+def _drafter(name: str, S: int, target, draft, ngram: dict):
     from ssmspec.drafting import make_drafter
 
     if name == "png":
         return make_drafter("png", draft_len=S, **ngram)
+    if name == "mtp":
+        return make_drafter("mtp", target=target, draft_len=S)
     return make_drafter("draft_model", draft=draft, draft_len=S)
 
 
@@ -101,7 +103,7 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                             "autoregressive", "drafter": dname, "S": S}
                 eng = None
                 try:
-                    drafter = _drafter(dname, S, draft, ngram) if S else None
+                    drafter = _drafter(dname, S, target, draft, ngram) if S else None
                     eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32))),
                                  cuda_graph=graph)
