@@ -123,11 +123,13 @@ def train_context(model: HybridLM, ids: Tensor, *, attention: int | None = None,
 
 def train_logits(model: HybridLM, ids: Tensor) -> Tensor:
     """ids (B, L) -> logits (B, L, V) fp32, differentiable in every parameter (module doc)."""
+    ctx = train_context(model, ids)  # outside reference_ops: the strategy picks the scan's backend when made
     with reference_ops():
-        return model(ids, train_context(model, ids))
+        return model(ids, ctx)
 
 
 def train_hidden(model: HybridLM, ids: Tensor) -> Tensor:
     """ids (B, L) -> the final hidden states (B, L, d) after the final norm (what the LM head and an MTP head read)."""
+    ctx = train_context(model, ids)  # outside reference_ops (train_logits)
     with reference_ops():
-        return model.hidden(ids, train_context(model, ids))
+        return model.hidden(ids, ctx)
