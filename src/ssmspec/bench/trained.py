@@ -73,10 +73,18 @@ class PromptSet:
     reason: str | None = None  # not None: skipped
 
 
-def load_pair(b: DictConfig, device: str) -> Pair:
-    """The pair of ``bench.family`` from the train run ``bench.train`` (trained first when not cached)."""
-    from ssmspec.data.tokenizers import load_tokenizer
-    from ssmspec.models.loading import load_model
+def families(b: DictConfig) -> list[str]:
+    """``bench.family``: one family of the train run or a list of them."""
+    fam = b.family
+    out = [str(f) for f in fam] if isinstance(fam, (list, tuple)) or OmegaConf.is_list(fam) else [str(fam)]
+    if not out:
+        raise ValueError("bench.family is empty; name a family of the train run, e.g. bench.family=mamba2")
+    return out
+
+
+def train_run(b: DictConfig):
+    """The train run ``bench.train`` (with ``bench.train_overrides``), trained first when not cached; every family
+    of ``bench.family`` checked against it before anything is measured."""
     from ssmspec.train.command import compose_train
     from ssmspec.train.run import train_pairs
 
@@ -84,12 +92,21 @@ def load_pair(b: DictConfig, device: str) -> Pair:
     overrides += [f"cache_dir={b.cache_dir}"] if b.get("cache_dir") else []
     with torch.enable_grad():  # the runner calls benches under no_grad; training needs gradients
         result = train_pairs(compose_train(str(b.train), overrides))
+    targets = {s["family"] for s in result.manifest["models"].values() if s["role"] == "target"}
+    for family in families(b):
+        if family not in targets:
+            raise ValueError(f"train run {b.train!r} trained no {family!r} pair (families: {sorted(targets)}); set "
+                             f"bench.family to one or more of them")
+    return result
+
+
+def load_pair(b: DictConfig, device: str, family: str, result) -> Pair:
+    """The pair of ``family`` from ``result`` (``train_run``), loaded in float32 on ``device``."""
+    from ssmspec.data.tokenizers import load_tokenizer
+    from ssmspec.models.loading import load_model
+
     m = result.manifest
-    family = str(b.family)
     targets = {s["family"]: name for name, s in m["models"].items() if s["role"] == "target"}
-    if family not in targets:
-        raise ValueError(f"train run {b.train!r} trained no {family!r} pair (families: {sorted(targets)}); set "
-                         f"bench.family to one of them")
     t_name = targets[family]
     d_name = next(n for n, s in m["models"].items() if s["role"] == "draft" and s.get("target") == t_name)
     t_stats, d_stats = m["models"][t_name], m["models"][d_name]
@@ -260,7 +277,13 @@ def run_acceptance(cfg: DictConfig) -> Iterator[dict]:
         from ssmspec.bench.trained_throughput import check_throughput
 
         check_throughput(b.throughput)  # before anything trains or runs
-    pair = load_pair(b, str(cfg.device))
+    result = train_run(b)
+    for family in families(b):  # one pair at a time: its rows, then the next family's
+        yield from _family_rows(cfg, load_pair(b, str(cfg.device), family, result))
+
+
+def _family_rows(cfg: DictConfig, pair: Pair) -> Iterator[dict]:
+    b = cfg.bench
     timing = f"eager generate() steps on {cfg.device}: how the loop behaves on a tiny model, not a benchmark"
     base = {**pair.info, "acceptance": "measured", "dtype": "float32", "batch": int(b.batch),
             "prompt_len": int(b.prompt_len), "new_tokens": int(b.new_tokens)}

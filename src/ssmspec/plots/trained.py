@@ -85,35 +85,46 @@ def _speed_panel(ax, t: pd.DataFrame, name: str) -> None:
     ax.legend(fontsize=7)
 
 
+def _pair_label(r) -> str:
+    return (f"{r['target']} ({int(r['target_params']):,} params, val loss {r['target_val_loss']:.2f}) drafted by "
+            f"{r['draft']} ({int(r['draft_params']):,} params, KL {r['draft_val_kl']:.2f})")
+
+
 def plot_acceptance(df: pd.DataFrame, out: Path) -> None:
-    """Draw the PNG at ``out`` from the rows of one trained_acceptance run."""
+    """Draw the PNG at ``out`` from the rows of one trained_acceptance run: per family of the run a row of
+    acceptance panels (one per prompt set) and, with throughput rows, a row of speed panels under it."""
     decode = df[(df["kind"] == "decode") & (df["status"] == "ok")] if "kind" in df.columns else df.iloc[0:0]
     if not len(decode):
         raise ValueError("trained_acceptance: no decode rows to plot")
-    agree = df[df["kind"] == "agreement"]
+    fams = list(dict.fromkeys(decode["family"]))
     sets = list(dict.fromkeys(decode["set"]))
     skipped = df[(df["kind"] == "decode") & (df["status"] == "skipped")]
     drafted = decode.loc[decode["drafter"] != "none", "strategy"]
     colors = {s: _COLORS[i % len(_COLORS)] for i, s in enumerate(dict.fromkeys(drafted))}
-    speed = df[(df["kind"] == "throughput") & (df["status"] == "ok")]
-    speed_sets = [s for s in sets if s in set(speed["set"])] if len(speed) else []
-    rows = 2 if speed_sets else 1
-    fig, axes = plt.subplots(rows, len(sets), figsize=(6.5 * len(sets), 5.0 * rows), squeeze=False)
-    for ax, name in zip(axes[0], sets):
-        _panel(ax, decode[decode["set"] == name], agree[agree["set"] == name], name, colors)
-    for ax, name in zip(axes[1] if rows == 2 else [], sets):
-        if name in speed_sets:
-            _speed_panel(ax, speed[speed["set"] == name], name)
-        else:
-            ax.set_axis_off()
+    speed = df[(df["kind"] == "throughput") & (df["status"] == "ok")] if "kind" in df.columns else df.iloc[0:0]
+    plan = []  # (family, "acceptance" | "speed") per row of panels
+    for fam in fams:
+        plan.append((fam, "acceptance"))
+        if len(speed) and (speed["family"] == fam).any():
+            plan.append((fam, "speed"))
+    fig, axes = plt.subplots(len(plan), len(sets), figsize=(6.5 * len(sets), 5.0 * len(plan)), squeeze=False)
+    for row_axes, (fam, what) in zip(axes, plan):
+        mine = df[df["family"] == fam]
+        d, a = decode[decode["family"] == fam], mine[mine["kind"] == "agreement"]
+        for ax, name in zip(row_axes, sets):
+            if what == "acceptance" and (d["set"] == name).any():
+                _panel(ax, d[d["set"] == name], a[a["set"] == name], f"{fam}, {name}", colors)
+            elif what == "speed" and ((speed["family"] == fam) & (speed["set"] == name)).any():
+                _speed_panel(ax, speed[(speed["family"] == fam) & (speed["set"] == name)], f"{fam}, {name}")
+            else:
+                ax.set_axis_off()
     r = decode.iloc[0]
-    sub = (f"{r['target']} ({int(r['target_params']):,} params, val loss {r['target_val_loss']:.2f}) drafted by "
-           f"{r['draft']} ({int(r['draft_params']):,} params, KL {r['draft_val_kl']:.2f}); train run {r['train_run']} "
-           f"{r['train_key']}; greedy")
+    pairs = "\n".join(_pair_label(decode[decode["family"] == f].iloc[0]) for f in fams)
+    sub = f"{pairs}\ntrain run {r['train_run']} {r['train_key']}; greedy"
     if len(skipped):
         sub += "; skipped: " + ", ".join(sorted(set(skipped["set"])))
-    fig.suptitle(f"Measured acceptance on a small pair the suite trained (not comparable to large models)\n{sub}\n"
+    fig.suptitle(f"Measured acceptance on small pairs the suite trained (not comparable to large models)\n{sub}\n"
                  f"{provenance(df)}", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.93 if rows == 1 else 0.95))
+    fig.tight_layout(rect=(0, 0, 1, 1 - (0.06 + 0.02 * len(fams)) / len(plan)))
     fig.savefig(out, dpi=120)
     plt.close(fig)
