@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # (atol, rtol) for outputs in the input dtype; fp32 states are compared at STATE_TOL whatever the inputs
 TOL = {torch.float32: (2e-4, 2e-4), torch.bfloat16: (3e-2, 2e-2), torch.float16: (5e-3, 5e-3)}
@@ -27,3 +28,22 @@ def mamba_inputs(bsz: int, L: int, H: int, P: int, G: int, N: int, dtype: torch.
         B=r(bsz, L, G, N, scale=0.3).to(dtype), C=r(bsz, L, G, N, scale=0.3).to(dtype),
         D=r(H), z=r(bsz, L, H, P).to(dtype), dt_bias=r(H, scale=0.5),
     )
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in fp32."""
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def ssd_scan_inputs(bsz: int, L: int, H: int, P: int, G: int, N: int, dtype: torch.dtype, device,
+                    g: torch.Generator) -> dict:
+    """SSD scan inputs drawn from ``g`` (CPU): x, discretized dt (softplus around 0.05), A in [-8, -0.5], B, C,
+    D and an fp32 initial state ``s0``."""
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    return dict(x=r(bsz, L, H, P).to(device, dtype), dt=F.softplus(r(bsz, L, H) - 3.0).to(device),
+                A=-(0.5 + 7.5 * torch.rand(H, generator=g)).to(device),
+                B=r(bsz, L, G, N, scale=0.3).to(device, dtype), C=r(bsz, L, G, N, scale=0.3).to(device, dtype),
+                D=r(H).to(device), s0=r(bsz, H, P, N, scale=0.1).to(device))

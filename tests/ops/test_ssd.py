@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from kernel_checks import TOL, assert_close
+from kernel_checks import TOL, assert_close, rel_err, ssd_scan_inputs
 from ssmspec.ops.ssd import ssd_chunk_scan, ssd_chunk_scan_ref, ssm_recurrence_ref
 
 DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, id="bf16"),
@@ -27,15 +26,7 @@ SHAPES = [
 
 def scan_inputs(bsz, L, H, P, G, N, dtype, device, seed=0):
     """x, discretized dt (softplus around 0.05), A in [-8, -0.5], B, C, D and an fp32 initial state."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g) * scale
-
-    return dict(x=r(bsz, L, H, P).to(device, dtype), dt=F.softplus(r(bsz, L, H) - 3.0).to(device),
-                A=-(0.5 + 7.5 * torch.rand(H, generator=g)).to(device),
-                B=r(bsz, L, G, N, scale=0.3).to(device, dtype), C=r(bsz, L, G, N, scale=0.3).to(device, dtype),
-                D=r(H).to(device), s0=r(bsz, H, P, N, scale=0.1).to(device))
+    return ssd_scan_inputs(bsz, L, H, P, G, N, dtype, device, torch.Generator().manual_seed(seed))
 
 
 def run_triton(inp, *, D=True, init=True, **launch):
@@ -269,10 +260,6 @@ GPU_SHAPES = [  # (batch, L, H, P, G, N)
 ]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("bsz, L, H, P, G, N", GPU_SHAPES)
@@ -283,7 +270,7 @@ def test_gpu_real_sizes_match_reference(bsz, L, H, P, G, N, dtype):
                                       initial_state=inp["s0"])
     assert torch.isfinite(y).all() and torch.isfinite(s).all()
     limit = 1e-4 if dtype == torch.float32 else 1e-2  # norm-relative over millions of outputs
-    assert _rel(y, y_ref) < limit and _rel(s, s_ref) < limit
+    assert rel_err(y, y_ref) < limit and rel_err(s, s_ref) < limit
 
 
 @pytest.mark.gpu
@@ -298,7 +285,7 @@ def test_gpu_every_swept_block_size_is_correct(block_t, num_warps):
         raise
     y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=128,
                                       initial_state=inp["s0"])
-    assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
+    assert rel_err(y, y_ref) < 1e-2 and rel_err(s, s_ref) < 1e-2
 
 
 @pytest.mark.gpu
@@ -310,7 +297,7 @@ def test_gpu_segmented_seed004_matches_reference(segment_len):
     y, s = run_triton(inp, segment_len=segment_len)
     y_ref, s_ref = ssd_chunk_scan_ref(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], chunk_size=256,
                                       initial_state=inp["s0"])
-    assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
+    assert rel_err(y, y_ref) < 1e-2 and rel_err(s, s_ref) < 1e-2
     for _ in range(3):  # relaunches reuse fresh flags: no stale hand-off
         y2, s2 = run_triton(inp, segment_len=segment_len)
         assert torch.equal(y2, y) and torch.equal(s2, s)
@@ -327,7 +314,7 @@ def test_gpu_matches_mamba_ssm_chunk_scan():
     y, s = run_triton(inp)
     y_m, s_m = chunk(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk_size=256, D=inp["D"],
                      initial_states=inp["s0"], return_final_states=True)
-    assert _rel(y, y_m) < 1e-2 and _rel(s, s_m) < 1e-2
+    assert rel_err(y, y_m) < 1e-2 and rel_err(s, s_m) < 1e-2
 
 
 def test_model_prefill_runs_the_kernel(device, monkeypatch):

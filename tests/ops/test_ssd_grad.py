@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from kernel_checks import TOL, assert_close
+from kernel_checks import TOL, assert_close, rel_err, ssd_scan_inputs
 from ssmspec.ops.ssd_grad import ssd_chunk_scan_grad_ref, ssd_chunk_scan_trainable
 
 NAMES = ("x", "dt", "A", "B", "C", "D", "s0")
@@ -19,18 +18,13 @@ GRAD_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
 def scan_inputs(bsz, L, H, P, G, N, dtype, device, seed=0):
-    """x, discretized dt (softplus around 0.05), A in [-8, -0.5], B, C, D, an fp32 initial state, and the upstream
-    gradients dy (B, L, H, P) and d final state (B, H, P, N)."""
+    """``kernel_checks.ssd_scan_inputs`` and, from the same generator, the upstream gradients dy (B, L, H, P) and
+    d final state (B, H, P, N)."""
     g = torch.Generator().manual_seed(seed)
-
-    def r(*shape, scale=1.0):
-        return torch.randn(*shape, generator=g) * scale
-
-    inp = dict(x=r(bsz, L, H, P).to(dtype), dt=F.softplus(r(bsz, L, H) - 3.0), A=-(0.5 + 7.5 * torch.rand(H, generator=g)),
-               B=r(bsz, L, G, N, scale=0.3).to(dtype), C=r(bsz, L, G, N, scale=0.3).to(dtype), D=r(H),
-               s0=r(bsz, H, P, N, scale=0.1))
-    up = dict(dy=r(bsz, L, H, P).to(dtype), dfinal=r(bsz, H, P, N))
-    return {k: v.to(device) for k, v in inp.items()}, {k: v.to(device) for k, v in up.items()}
+    inp = ssd_scan_inputs(bsz, L, H, P, G, N, dtype, device, g)
+    up = dict(dy=torch.randn(bsz, L, H, P, generator=g).to(device, dtype),
+              dfinal=torch.randn(bsz, H, P, N, generator=g).to(device))
+    return inp, up
 
 
 def grads(fn, inp, up, *, D=True, init=True, y_loss=True, state_loss=True, **kw):
@@ -233,18 +227,14 @@ GPU_SHAPES = [  # (batch, L, H, P, G, N)
 ]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("bsz, L, H, P, G, N", GPU_SHAPES)
 def test_gpu_real_sizes_match_the_twin(bsz, L, H, P, G, N):
     inp, up = scan_inputs(bsz, L, H, P, G, N, torch.bfloat16, "cuda", seed=7)
     y, s, got = triton_grads(inp, up)
     y_ref, s_ref, ref = grads(ssd_chunk_scan_grad_ref, inp, up, chunk_size=256)
-    assert _rel(y, y_ref) < 1e-2 and _rel(s, s_ref) < 1e-2
-    bad = {k: _rel(got[k], ref[k]) for k in ref if not _rel(got[k], ref[k]) < 2e-2}  # norm-relative, bf16 operands
+    assert rel_err(y, y_ref) < 1e-2 and rel_err(s, s_ref) < 1e-2
+    bad = {k: rel_err(got[k], ref[k]) for k in ref if not rel_err(got[k], ref[k]) < 2e-2}  # norm-relative, bf16 operands
     assert not bad, bad
 
 
@@ -262,5 +252,5 @@ def test_gpu_matches_mamba_ssm_backward():
     inp, up = scan_inputs(2, 4096, 32, 64, 4, 128, torch.bfloat16, "cuda", seed=8)
     _, _, got = triton_grads(inp, up)
     _, _, ref = grads(mamba, inp, up)
-    bad = {k: _rel(got[k], ref[k]) for k in ref if not _rel(got[k], ref[k]) < 2e-2}
+    bad = {k: rel_err(got[k], ref[k]) for k in ref if not rel_err(got[k], ref[k]) < 2e-2}
     assert not bad, bad
