@@ -22,6 +22,19 @@ def _label(model: str, m: pd.DataFrame) -> str:
     return f"{model} (H={r['H']}, P={r['P']}, N={r['N']}, G={r['G']}), batch {r['batch']}"
 
 
+def speedup_axis(axr, has_peer: bool, goal: float, title: str) -> None:
+    """The frame of a speedup-over-mamba_ssm panel (log2 sequence length): a note when the run has no mamba_ssm
+    rows, the goal at 32K, parity, labels, legend and grid."""
+    if not has_peer:
+        axr.text(0.5, 0.5, "no mamba_ssm rows in this run", ha="center", va="center", transform=axr.transAxes)
+    axr.axhline(goal, color="r", ls="--", lw=1, label=f"goal {goal}x at 32K")
+    axr.axhline(1.0, color="k", lw=0.8)
+    axr.set_xscale("log", base=2)
+    axr.set(xlabel="sequence length", ylabel="speedup over mamba_ssm", title=title)
+    axr.legend(fontsize=7)
+    axr.grid(True, which="both", alpha=0.3)
+
+
 def plot_ssd_fwd(df: pd.DataFrame, out: Path) -> None:
     """Per mixer size and batch: left, ms vs seqlen (log-log) for ours and mamba_ssm with the HBM fraction at
     each point; right, the speedup mamba_ssm / ours vs seqlen with the 1.6x goal."""
@@ -43,19 +56,13 @@ def plot_ssd_fwd(df: pd.DataFrame, out: Path) -> None:
         ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
         piv = m.pivot_table(index="seqlen", columns="impl", values="ms_p50")
-        if {"ours", "mamba_ssm"} <= set(piv.columns):
+        has_peer = {"ours", "mamba_ssm"} <= set(piv.columns)
+        if has_peer:
             sp = (piv["mamba_ssm"] / piv["ours"]).dropna()
             axr.plot(sp.index, sp.values, marker="o", label="mamba_ssm time / ours")
             for L, v in sp.items():
                 axr.annotate(f"{v:.2f}x", (L, v), fontsize=6, textcoords="offset points", xytext=(3, 3))
-        else:
-            axr.text(0.5, 0.5, "no mamba_ssm rows in this run", ha="center", va="center", transform=axr.transAxes)
-        axr.axhline(GOAL, color="r", ls="--", lw=1, label=f"goal {GOAL}x at 32K")
-        axr.axhline(1.0, color="k", lw=0.8)
-        axr.set_xscale("log", base=2)
-        axr.set(xlabel="sequence length", ylabel="speedup over mamba_ssm", title=f"{model}: speedup")
-        axr.legend(fontsize=7)
-        axr.grid(True, which="both", alpha=0.3)
+        speedup_axis(axr, has_peer, GOAL, f"{model}: speedup")
     _finish(fig, data, "SSD prefill scan: one Triton kernel vs mamba_chunk_scan_combined (seed 004)", out)
 
 

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ssmspec.plots.kernels import _err, _finish, _need
-from ssmspec.plots.ssd import _label
+from ssmspec.plots.ssd import _label, speedup_axis
 
 GOAL = 2.4  # P11: ours at least 2.4x faster than mamba_ssm on forward + backward at 32K tokens (seed 004: 2.42x)
 STYLE = {"fwdbwd": "-", "fwd": "--"}
@@ -48,13 +48,6 @@ def plot_ssd_fwdbwd(df: pd.DataFrame, out: Path) -> None:
                     note += f"\ngrad rel err {r['grad_rel_err']:.1e}"
                 axr.annotate(note, (r["seqlen"], r["speedup"]), fontsize=6, textcoords="offset points",
                              xytext=(3, 3))
-        else:
-            axr.text(0.5, 0.5, "no mamba_ssm rows in this run", ha="center", va="center", transform=axr.transAxes)
-        axr.axhline(GOAL, color="r", ls="--", lw=1, label=f"goal {GOAL}x at 32K")
-        axr.axhline(1.0, color="k", lw=0.8)
-        axr.set_xscale("log", base=2)
-        axr.set(xlabel="sequence length", ylabel="speedup over mamba_ssm", title=f"{model}: forward + backward")
-        axr.legend(fontsize=7)
-        axr.grid(True, which="both", alpha=0.3)
+        speedup_axis(axr, bool(len(sp)), GOAL, f"{model}: forward + backward")
     _finish(fig, data, "SSD scan forward + backward: one reverse-scan kernel vs mamba_chunk_scan_combined (seed 004)",
             out)
