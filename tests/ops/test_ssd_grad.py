@@ -253,7 +253,7 @@ def test_launch_sweep_smoke(device, tmp_path):
     rows = main(["--tiny", "--no-baseline", "--json", str(tmp_path / "rows.json")])
     assert rows == json.loads((tmp_path / "rows.json").read_text())
     timed = [r for r in rows if r["stage"] != "best"]
-    assert len(timed) >= 4 and {"default", "tile x warps", "heads a program"} <= {r["stage"] for r in timed}
+    assert len(timed) >= 4 and {"default", "dx tile x warps", "heads a program"} <= {r["stage"] for r in timed}
     assert all(r["ms"] > 0 and r["rel_err"] < 2e-2 and "failed" not in r for r in timed)
     best = next(r for r in rows if r["stage"] == "best")
     inp, up = scan_inputs(1, 40, 2, 16, 1, 16, torch.bfloat16, device)

@@ -32,7 +32,7 @@ GPU_SHAPES = [f"{m}:16:{L}" for m in ("seed004", "nemotron-h-4b", "mamba2-2.7b")
 GRAD_KEYS = ("x", "dt", "A", "B", "C", "D", "s0")
 
 
-STAGES = ("tile x warps", "checkpoints", "heads a program", "stages", "dS pass")
+STAGES = ("dx tile x warps", "dB/dC tile x warps", "checkpoints", "heads a program", "stages", "dS pass")
 
 
 def variants(stage: str, d: dict, z: dict, tiny: bool) -> list[dict]:
@@ -40,12 +40,14 @@ def variants(stage: str, d: dict, z: dict, tiny: bool) -> list[dict]:
     far (``merge`` keeps the checkpoints whole multiples of the tiles)."""
     hpg, bt = z["H"] // z["G"], d["block_t"]
     if tiny:  # the interpreter: a few variants that still cross every code path
-        return {"tile x warps": [dict(fwd_block_t=16, block_t=16, checkpoint=32, dcheckpoint=32, pass_block_t=16),
-                                 dict(block_t=32, num_warps=2)],
+        return {"dx tile x warps": [dict(fwd_block_t=16, block_t=16, bc_block_t=16, checkpoint=32, dcheckpoint=32,
+                                         pass_block_t=16), dict(block_t=32, num_warps=2, bc_block_t=32)],
                 "heads a program": [dict(heads_per_program=1, bc_atomic=a) for a in (0, 1)] if hpg > 1 else [],
                 }.get(stage, [])
-    if stage == "tile x warps":
+    if stage == "dx tile x warps":
         return [dict(block_t=t, num_warps=w) for t in (32, 64, 128) for w in (4, 8)]
+    if stage == "dB/dC tile x warps":
+        return [dict(bc_block_t=t, bc_num_warps=w) for t in (32, 64, 128) for w in (4, 8)]
     if stage == "checkpoints":  # the states' and dS states' spacing: memory and replay against each other
         return [dict(fwd_block_t=64, fwd_num_warps=4, checkpoint=max(64, bt), dcheckpoint=max(64, bt)),
                 dict(checkpoint=max(128, bt), dcheckpoint=bt), dict(checkpoint=max(128, bt), dcheckpoint=max(128, bt)),
@@ -65,9 +67,9 @@ def merge(best: dict, v: dict) -> dict:
     two) and the dS pass's tile lowered to divide dcheckpoint, unless ``v`` sets them itself."""
     o = {**best, **v}
     if "checkpoint" not in v:
-        o["checkpoint"] = max(o["checkpoint"], o["fwd_block_t"], o["block_t"])
+        o["checkpoint"] = max(o["checkpoint"], o["fwd_block_t"], o["block_t"], o["bc_block_t"])
     if "dcheckpoint" not in v:
-        o["dcheckpoint"] = max(o["dcheckpoint"], o["block_t"])
+        o["dcheckpoint"] = max(o["dcheckpoint"], o["block_t"], o["bc_block_t"])
     if "pass_block_t" not in v:
         o["pass_block_t"] = min(o["pass_block_t"], o["dcheckpoint"] & -o["dcheckpoint"])
     o["pass_block_t"] = min(o["pass_block_t"], o["dcheckpoint"])
@@ -154,7 +156,7 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
         except Exception as e:  # noqa: BLE001 -- resource failures are rows, anything else is re-raised
             if type(e).__name__ not in ("OutOfResources", "OutOfMemoryError", "ValueError"):
                 raise
-            row.update(ms=float("nan"), failed=f"{type(e).__name__}: {str(e)[:80]}")
+            row.update(ms=None, failed=f"{type(e).__name__}: {str(e)[:80]}")
             if cuda:
                 torch.cuda.empty_cache()
         rows.append(row)
@@ -174,7 +176,7 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
             if cost(row) < cost(best):
                 best, best_opts = row, opts
     rows.append(dict(shape=spec, stage="best", ms=best["ms"], **{k: best_opts[k] for k in sorted(best_opts)},
-                     speedup_over_default=rows[0]["ms"] / best["ms"]))
+                     speedup_over_default=rows[0]["ms"] / best["ms"] if rows[0]["ms"] and best["ms"] else None))
     rows.extend(baseline(spec, i, z, bsz, L, a, cuda))
     i.clear()  # the inputs' memory goes before the next shape's
     if cuda:
@@ -184,7 +186,7 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
 
 def cost(row: dict) -> float:
     """A row's time for the descent: failed or wrong rows never win."""
-    return float("inf") if "failed" in row or row.get("bad") or row["ms"] != row["ms"] else row["ms"]
+    return float("inf") if row.get("ms") is None or row.get("bad") else row["ms"]
 
 
 def baseline(spec: str, i: dict, z: dict, bsz: int, L: int, a, cuda: bool) -> list[dict]:
@@ -193,7 +195,7 @@ def baseline(spec: str, i: dict, z: dict, bsz: int, L: int, a, cuda: bool) -> li
     from ssmspec.bench.kernels import mamba_ssm_ops
     _, chunk, why = mamba_ssm_ops()
     if chunk is None:
-        return [dict(shape=spec, stage="mamba_ssm", ms=float("nan"), failed=why[:80])]
+        return [dict(shape=spec, stage="mamba_ssm", ms=None, failed=why[:80])]
 
     def call():
         return chunk(i["x"], i["dt"], i["A"], i["B"], i["C"], chunk_size=256, D=i["D"], initial_states=i["s0"],
@@ -208,24 +210,29 @@ def report(rows: list[dict]) -> str:
     for spec in dict.fromkeys(r["shape"] for r in rows):
         rs = [r for r in rows if r["shape"] == spec]
         d = rs[0]
-        mamba = next((r["ms"] for r in rs if r["stage"] == "mamba_ssm"), float("nan"))
-        theirs = f"{mamba:.3f} ms" if mamba == mamba else "not run"
+        mamba = next((r["ms"] for r in rs if r["stage"] == "mamba_ssm"), None)
+        theirs = f"{mamba:.3f} ms" if mamba else "not run"
         lines.append(f"== {spec}  (defaults: {fmt(d, {})})  mamba_ssm fwd+bwd: {theirs}")
         for r in rs:
             if r["stage"] in ("best", "mamba_ssm"):
                 continue
             err = f"  rel_err {r['rel_err']:.1e}" if "rel_err" in r else ""
             flag = "  BAD" if r.get("bad") else ""
-            lines.append(f"  {r['stage']:16s} {r['ms']:10.3f} ms  {fmt(r, d) or '(defaults)'}{err}{flag}"
+            lines.append(f"  {r['stage']:18s} {ms(r['ms'])}  {fmt(r, d) or '(defaults)'}{err}{flag}"
                          f"{'  ' + r['failed'] if 'failed' in r else ''}")
         b = next(r for r in rs if r["stage"] == "best")
-        vs = f", {mamba / b['ms']:.2f}x mamba_ssm" if mamba == mamba else ""
-        lines.append(f"  BEST {b['ms']:.3f} ms ({b['speedup_over_default']:.2f}x the defaults{vs}): "
+        vs = f", {mamba / b['ms']:.2f}x mamba_ssm" if mamba and b["ms"] else ""
+        gain = f"{b['speedup_over_default']:.2f}x" if b["speedup_over_default"] else "n/a"
+        lines.append(f"  BEST {ms(b['ms'])} ({gain} the defaults{vs}): "
                      f"{ {k: b[k] for k in KEYS if k in b} }")
     return "\n".join(lines)
 
 
 KEYS: tuple = ()  # LAUNCH_KEYS, once the kernels' module is imported (after TRITON_INTERPRET is set)
+
+
+def ms(v) -> str:
+    return f"{v:10.3f} ms" if v is not None else "    failed   "
 
 
 def fmt(r: dict, d: dict) -> str:

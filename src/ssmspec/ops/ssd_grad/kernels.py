@@ -68,6 +68,14 @@ def _fwd_save_kernel(
 
 
 @triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b (fp32 acc), as ``ops/ssd/triton.py:_mm`` (UPCAST: bf16 operands go in as fp32 on the CPU)."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
 def _rcarry(dS, dy_base, dt_base, C_base, r0, L, A, offs_t, offs_p, offs_n, mask_p, mask_n, dy_l, dy_p, dt_l, C_l,
             C_n, x_ptr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """dS <- exp(cum_T)·dS + Σ_t e_t dy_t C_tᵀ over the tile at r0 (dS leaving it -> dS entering it); dy·e
@@ -129,21 +137,117 @@ def _bwd_dstate_kernel(
 
 
 @triton.jit
-def _bwd_chunk_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, st_ptr, dst_ptr, dy_ptr,
-    dx_ptr, ddt_ptr, dB_ptr, dC_ptr, dA_ptr, dD_ptr,
-    L, P, N, heads_per_group, heads_per_prog, n_sub, ck_len, dck_len,
-    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
-    st_b, st_h, st_c, st_p, dst_b, dst_h, dst_c, dst_p, dy_b, dy_l, dy_h, dy_p, dx_b, dx_l, dx_h, dx_p,
-    ddt_b, ddt_l, ddt_h, bc_s, bc_b, bc_l, bc_g, part_b, part_t,
-    HAS_D: tl.constexpr, ATOMIC_BC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+def _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr, dst_ptr, t0, L, A, ck_len, dck_len, offs_t, offs_p,
+                 offs_n, mask_p, mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr,
+                 REPLAY_S: tl.constexpr, REPLAY_DS: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """(S entering the tile at t0, dS leaving it), (BP, BN) fp32: the state checkpoint at or before the tile
+    replayed forward, the dS checkpoint at or after it replayed backward (``st_ptr`` / ``dst_ptr``: the head's
+    (P, N) block of checkpoint 0, rows ``st_p`` apart). REPLAY_S / REPLAY_DS False: checkpoints every tile, no
+    replay loop compiled (each loop adds registers: its loads' addresses)."""
+    pn = offs_p[:, None] * st_p + offs_n[None, :]  # both (P, N) blocks N-contiguous
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+    S = tl.load(st_ptr + (t0 // ck_len).to(tl.int64) * st_c + pn, mask=mask_pn, other=0.0)
+    if REPLAY_S:
+        for r0 in range((t0 // ck_len) * ck_len, t0, BLOCK_T):
+            _, _, dtr, xr, Br = _tile_xb(x_base, dt_base, B_base, r0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
+                                         x_l, x_p, dt_l, B_l, B_n)
+            S = _carry(S, xr, Br, dtr, tl.cumsum(A * dtr, axis=0), tl.sum(A * dtr, axis=0), PRECISION, UPCAST)
+    dc = t0 // dck_len
+    top = tl.minimum((dc + 1) * dck_len, tl.cdiv(L, BLOCK_T) * BLOCK_T)  # end of the dS chunk's last tile
+    dS = tl.load(dst_ptr + dc.to(tl.int64) * dst_c + pn, mask=mask_pn, other=0.0)
+    if REPLAY_DS:
+        for k in range(0, (top - t0) // BLOCK_T - 1):
+            dS = _rcarry(dS, dy_base, dt_base, C_base, top - (k + 1) * BLOCK_T, L, A, offs_t, offs_p, offs_n, mask_p,
+                         mask_n, dy_l, dy_p, dt_l, C_l, C_n, x_ptr, PRECISION, UPCAST)
+    return S, dS
+
+
+@triton.jit
+def _bwd_dx_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, st_ptr, dst_ptr, dy_ptr, dx_ptr, ddt_ptr, dA_ptr, dD_ptr,
+    L, P, N, heads_per_group, ck_len, dck_len,
+    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n, st_b, st_h, st_c, st_p,
+    dst_b, dst_h, dst_c, dy_b, dy_l, dy_h, dy_p, dx_b, dx_l, dx_h, dx_p, ddt_b, ddt_l, ddt_h, part_b, part_t,
+    HAS_D: tl.constexpr, REPLAY_S: tl.constexpr, REPLAY_DS: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """Program (tile x head subset, group g, sequence b): the tile's gradients for heads_per_prog heads of group g
-    (subset ``sub`` of its n_sub). S entering the tile: the checkpoint at or before it, replayed forward; dS
-    leaving it: the dS checkpoint at or after it, replayed backward. C·Bᵀ and the Z blocks' products with B and
-    C are the group's (made once); dB / dC of the subset go to slot ``sub`` of (n_sub, B, L, G, N) fp32, or are
-    added with atomics into (B, L, G, N) (ATOMIC_BC); dA / dD partials to (B, tiles, H)."""
+    """Program (tile, head h, sequence b): dx and d dt of the tile, its dA and dD partials (``triton.py``)."""
+    tile = tl.program_id(0)
+    h = tl.program_id(1).to(tl.int64)
+    b = tl.program_id(2).to(tl.int64)
+    g = h // heads_per_group
+    t0 = tile * BLOCK_T
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    DTYPE = x_ptr.dtype.element_ty
+    A = tl.load(A_ptr + h).to(tl.float32)
+    x_base = x_ptr + b * x_b + h * x_h
+    dt_base = dt_ptr + b * dt_b + h * dt_h
+    dy_base = dy_ptr + b * dy_b + h * dy_h
+    B_base = B_ptr + b * B_b + g * B_g
+    C_base = C_ptr + b * C_b + g * C_g
+    S, dS = _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr + b * st_b + h * st_h,
+                         dst_ptr + b * dst_b + h * dst_h, t0, L, A, ck_len, dck_len, offs_t, offs_p, offs_n, mask_p,
+                         mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr, REPLAY_S,
+                         REPLAY_DS, BLOCK_T, PRECISION, UPCAST)
+    sdS = tl.sum(tl.sum(dS * S, axis=1), axis=0)  # <dS, S>, then only the rounded states are used
+    S_lo = S.to(DTYPE)
+    dS_lo = dS.to(DTYPE)
+    tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
+                                       x_l, x_p, dt_l, B_l, B_n)
+    mask_tp = mask_t[:, None] & mask_p[None, :]
+    Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n, mask=mask_t[:, None] & mask_n[None, :],
+                 other=0.0).to(DTYPE)
+    dyt = tl.load(dy_base + tok[:, None] * dy_l + offs_p[None, :] * dy_p, mask=mask_tp, other=0.0).to(DTYPE)
+    cum = tl.cumsum(A * dt, axis=0)  # (T,)
+    total = tl.sum(A * dt, axis=0)  # cum_T (tokens past L have dt = 0)
+    e = tl.exp(cum)
+    w0 = tl.exp(total - cum)  # decay from token j to the tile's end; w = w0·dt
+    w = w0 * dt
+    # the state's terms: w_j·(dS B_j) in dx, x_j·(dS B_j) and C_t·(dy_t S) in d cum
+    BdS = _mm(Bt, tl.trans(dS_lo), PRECISION, UPCAST)  # (T, BP) dS B_j
+    u = tl.sum(xt.to(tl.float32) * BdS, axis=1)
+    dx = w[:, None] * BdS
+    cs = tl.sum(dyt.to(tl.float32) * _mm(Ct, tl.trans(S_lo), PRECISION, UPCAST), axis=1)  # dy_t·(S C_t)
+    if HAS_D:
+        dx += tl.load(D_ptr + h).to(tl.float32) * dyt.to(tl.float32)
+        tl.store(dD_ptr + b * part_b + tile * part_t + h,
+                 tl.sum(tl.sum(dyt.to(tl.float32) * xt.to(tl.float32), axis=1), axis=0))
+    # the (T, T) blocks
+    M = tl.exp(tl.where(offs_t[:, None] >= offs_t[None, :], cum[:, None] - cum[None, :], float("-inf")))
+    CBM = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST) * M  # M_tj·(C_t·B_j), 0 above the diagonal
+    Rp = CBM * _mm(dyt, tl.trans(xt), PRECISION, UPCAST)  # R_tj / dt_j
+    r_col = tl.sum(Rp, axis=0)  # Σ_t R_tj / dt_j
+    r_row = tl.sum(Rp * dt[None, :], axis=1)  # Σ_j R_tj
+    dx = _mma(tl.trans((CBM * dt[None, :]).to(DTYPE)), dyt, dx, PRECISION, UPCAST)  # + Wᵀ dy
+    tl.store(dx_ptr + b * dx_b + h * dx_h + tok[:, None] * dx_l + offs_p[None, :] * dx_p,
+             dx.to(dx_ptr.dtype.element_ty), mask=mask_tp)
+    U = w * u
+    dcum = e * cs + r_row - r_col * dt - U
+    da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + tl.exp(total) * sdS + tl.sum(U, axis=0)
+    tl.store(ddt_ptr + b * ddt_b + h * ddt_h + tok * ddt_l, r_col + w0 * u + A * da, mask=mask_t)
+    tl.store(dA_ptr + b * part_b + tile * part_t + h, tl.sum(dt * da, axis=0))
+
+
+@triton.jit
+def _bwd_dbc_kernel(
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, st_ptr, dst_ptr, dy_ptr, dB_ptr, dC_ptr, zero_ptr,
+    L, P, N, heads_per_group, heads_per_prog, n_sub, ck_len, dck_len,
+    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n, st_b, st_h, st_c, st_p,
+    dst_b, dst_h, dst_c, dy_b, dy_l, dy_h, dy_p, bc_s, bc_b, bc_l, bc_g,
+    ATOMIC_BC: tl.constexpr, REPLAY_S: tl.constexpr, REPLAY_DS: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Program (tile x head subset, group g, sequence b): dB and dC of the tile summed over the subset's
+    heads_per_prog heads, Σ_h [Z_h B | Z_hᵀ C + the state terms]; the Z blocks summed first, their products
+    with B and C made once. Stored to slot ``sub`` of dB / dC (``bc_s`` apart) in their dtype, or added with
+    fp32 atomics (ATOMIC_BC). ``zero_ptr`` holds heads_per_prog int32 zeros: added to the token and P offsets
+    of each head, they keep the compiler from hoisting the loop's (T, P) and (P, N) address tensors out of the
+    head loop, where they stayed live in registers and spilled (ptxas: 304 -> 40 bytes at 64 x 64 x 64)."""
     pid = tl.program_id(0)
     tile = pid // n_sub
     sub = pid % n_sub
@@ -155,86 +259,49 @@ def _bwd_chunk_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    mask_pn = mask_p[:, None] & mask_n[None, :]
-    tok = t0 + offs_t
-    mask_t = tok < L
-    tok = tok.to(tl.int64)
-    mask_tn = mask_t[:, None] & mask_n[None, :]
-    mask_tp = mask_t[:, None] & mask_p[None, :]
     DTYPE = x_ptr.dtype.element_ty
     B_base = B_ptr + b * B_b + g * B_g
     C_base = C_ptr + b * C_b + g * C_g
-    Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n, mask=mask_tn, other=0.0).to(DTYPE)
-    Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n, mask=mask_tn, other=0.0).to(DTYPE)
-    CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) C_t·B_j, the group's
-    causal = offs_t[:, None] >= offs_t[None, :]
-    Zs = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)  # Σ_heads Z_tj
-    dB_acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # the state terms, summed over heads
-    dC_acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    n_tiles = tl.cdiv(L, BLOCK_T)
-    ck0 = (t0 // ck_len) * ck_len
-    dc = t0 // dck_len
-    top = tl.minimum((dc + 1) * dck_len, n_tiles * BLOCK_T)  # end of the last tile of the tile's dS chunk
-    n_rev = (top - t0) // BLOCK_T - 1
+    Zs = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)  # Σ_h Z_h
+    dB = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # Σ_h w∘(x dS): the state's terms
+    dC = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # Σ_h e∘(dy S)
     for i in range(0, heads_per_prog):
         h = g * heads_per_group + sub * heads_per_prog + i
+        zero = tl.load(zero_ptr + i)
+        offs_pv = offs_p + zero
         A = tl.load(A_ptr + h).to(tl.float32)
         x_base = x_ptr + b * x_b + h * x_h
         dt_base = dt_ptr + b * dt_b + h * dt_h
         dy_base = dy_ptr + b * dy_b + h * dy_h
-        S = tl.load(st_ptr + b * st_b + h * st_h + (t0 // ck_len).to(tl.int64) * st_c + offs_p[:, None] * st_p
-                    + offs_n[None, :], mask=mask_pn, other=0.0)  # (BP, BN) fp32
-        for r0 in range(ck0, t0, BLOCK_T):  # replay the forward carry from the checkpoint
-            _, _, dtr, xr, Br = _tile_xb(x_base, dt_base, B_base, r0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
-                                         x_l, x_p, dt_l, B_l, B_n)
-            S = _carry(S, xr, Br, dtr, tl.cumsum(A * dtr, axis=0), tl.sum(A * dtr, axis=0), PRECISION, UPCAST)
-        dS = tl.load(dst_ptr + b * dst_b + h * dst_h + dc.to(tl.int64) * dst_c + offs_p[:, None] * dst_p
-                     + offs_n[None, :], mask=mask_pn, other=0.0)
-        for k in range(0, n_rev):  # replay the reverse carry from the dS checkpoint
-            dS = _rcarry(dS, dy_base, dt_base, C_base, top - (k + 1) * BLOCK_T, L, A, offs_t, offs_p, offs_n, mask_p,
-                         mask_n, dy_l, dy_p, dt_l, C_l, C_n, x_ptr, PRECISION, UPCAST)
+        S, dS = _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr + b * st_b + h * st_h,
+                             dst_ptr + b * dst_b + h * dst_h, t0, L, A, ck_len, dck_len, offs_t, offs_pv, offs_n,
+                             mask_p, mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr,
+                             REPLAY_S, REPLAY_DS, BLOCK_T, PRECISION, UPCAST)
+        tok = t0 + zero + offs_t
+        mask_t = tok < L
+        tok = tok.to(tl.int64)
+        mask_tp = mask_t[:, None] & mask_p[None, :]
         dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)
-        xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_tp, other=0.0)
+        xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_tp, other=0.0).to(DTYPE)
         dyt = tl.load(dy_base + tok[:, None] * dy_l + offs_p[None, :] * dy_p, mask=mask_tp, other=0.0).to(DTYPE)
-        cum = tl.cumsum(A * dt, axis=0)  # (T,)
-        total = tl.sum(A * dt, axis=0)  # cum_T (tokens past L have dt = 0)
-        e = tl.exp(cum)
-        w0 = tl.exp(total - cum)  # decay from token j to the tile's end; w = w0·dt
-        w = w0 * dt
-        S_lo = S.to(DTYPE)
-        dS_lo = dS.to(DTYPE)
-        M = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))  # (T, T), 0 above the diagonal
-        CBM = CB * M  # M_tj·(C_t·B_j)
-        dyx = _mm(dyt, tl.trans(xt), PRECISION, UPCAST)  # (T, T) dy_t·x_j
-        Rp = CBM * dyx  # R_tj / dt_j
-        r_col = tl.sum(Rp, axis=0)  # Σ_t R_tj / dt_j
-        r_row = tl.sum(Rp * dt[None, :], axis=1)  # Σ_j R_tj
-        Zs += M * dyx * dt[None, :]
-        BdS = _mm(Bt, tl.trans(dS_lo), PRECISION, UPCAST)  # (T, BP) dS B_j
-        dx = _mm(tl.trans((CBM * dt[None, :]).to(DTYPE)), dyt, PRECISION, UPCAST) + w[:, None] * BdS
-        if HAS_D:
-            dx += tl.load(D_ptr + h).to(tl.float32) * dyt.to(tl.float32)
-            dD = tl.sum(tl.sum(dyt.to(tl.float32) * xt.to(tl.float32), axis=1), axis=0)
-            tl.store(dD_ptr + b * part_b + tile * part_t + h, dD)
-        tl.store(dx_ptr + b * dx_b + h * dx_h + tok[:, None] * dx_l + offs_p[None, :] * dx_p,
-                 dx.to(dx_ptr.dtype.element_ty), mask=mask_tp)
-        dyS = _mm(dyt, S_lo, PRECISION, UPCAST)  # (T, BN) dy_t S
-        dC_acc += e[:, None] * dyS
-        dB_acc += w[:, None] * _mm(xt, dS_lo, PRECISION, UPCAST)  # w_j·(x_j dS)
-        u = tl.sum(xt.to(tl.float32) * BdS, axis=1)  # x_j·(dS B_j)
-        U = w * u
-        dcum = e * tl.sum(Ct.to(tl.float32) * dyS, axis=1) + r_row - r_col * dt - U
-        dtotal = tl.exp(total) * tl.sum(tl.sum(dS * S, axis=1), axis=0) + tl.sum(U, axis=0)
-        da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dtotal  # Σ_{t>=i} d cum_t
-        tl.store(ddt_ptr + b * ddt_b + h * ddt_h + tok * ddt_l, r_col + w0 * u + A * da, mask=mask_t)
-        tl.store(dA_ptr + b * part_b + tile * part_t + h, tl.sum(dt * da, axis=0))
+        cum = tl.cumsum(A * dt, axis=0)
+        w = tl.exp(tl.sum(A * dt, axis=0) - cum) * dt
+        dB = _mma((xt.to(tl.float32) * w[:, None]).to(DTYPE), dS.to(DTYPE), dB, PRECISION, UPCAST)
+        dC = _mma((dyt.to(tl.float32) * tl.exp(cum)[:, None]).to(DTYPE), S.to(DTYPE), dC, PRECISION, UPCAST)
+        M = tl.exp(tl.where((offs_t + zero)[:, None] >= offs_t[None, :], cum[:, None] - cum[None, :], float("-inf")))
+        Zs += M * _mm(dyt, tl.trans(xt), PRECISION, UPCAST) * dt[None, :]  # Z_tj = M_tj dt_j (dy_t·x_j)
+    tok = t0 + offs_t
+    mask_tn = (tok < L)[:, None] & mask_n[None, :]
+    tok = tok.to(tl.int64)
+    Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n, mask=mask_tn, other=0.0).to(DTYPE)
+    Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n, mask=mask_tn, other=0.0).to(DTYPE)
     Zlo = Zs.to(DTYPE)
-    dC = dC_acc + _mm(Zlo, Bt, PRECISION, UPCAST)
-    dB = dB_acc + _mm(tl.trans(Zlo), Ct, PRECISION, UPCAST)
+    dC = _mma(Zlo, Bt, dC, PRECISION, UPCAST)
+    dB = _mma(tl.trans(Zlo), Ct, dB, PRECISION, UPCAST)
     off = b * bc_b + g * bc_g + tok[:, None] * bc_l + offs_n[None, :]
     if ATOMIC_BC:
         tl.atomic_add(dB_ptr + off, dB, mask=mask_tn)
         tl.atomic_add(dC_ptr + off, dC, mask=mask_tn)
     else:
-        tl.store(dB_ptr + sub.to(tl.int64) * bc_s + off, dB, mask=mask_tn)
-        tl.store(dC_ptr + sub.to(tl.int64) * bc_s + off, dC, mask=mask_tn)
+        tl.store(dB_ptr + sub.to(tl.int64) * bc_s + off, dB.to(dB_ptr.dtype.element_ty), mask=mask_tn)
+        tl.store(dC_ptr + sub.to(tl.int64) * bc_s + off, dC.to(dC_ptr.dtype.element_ty), mask=mask_tn)

@@ -62,14 +62,14 @@ from triton.runtime.errors import OutOfResources
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.ssd.naive import check_ssd_shapes
 from ssmspec.ops.ssd.triton import _blocks, _check_block, _fallbacks
-from ssmspec.ops.ssd_grad.kernels import _bwd_chunk_kernel, _bwd_dstate_kernel, _fwd_save_kernel
+from ssmspec.ops.ssd_grad.kernels import _bwd_dbc_kernel, _bwd_dstate_kernel, _bwd_dx_kernel, _fwd_save_kernel
 from ssmspec.ops.triton_common import check_float, dummy
 
 log = logging.getLogger("ssmspec.ops.ssd_grad")
 
 LAUNCH_KEYS = ("fwd_block_t", "fwd_block_p", "fwd_num_warps", "checkpoint", "block_t", "num_warps", "num_stages",
-               "heads_per_program", "bc_atomic", "dcheckpoint", "block_p", "pass_block_t", "pass_num_warps",
-               "pass_num_stages")
+               "bc_block_t", "bc_num_warps", "heads_per_program", "bc_atomic", "dcheckpoint", "block_p",
+               "pass_block_t", "pass_num_warps", "pass_num_stages")
 
 
 def _sm_count(device: torch.device) -> int:
@@ -84,57 +84,57 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
                    groups: int = 1, **given) -> dict:
     """Every launch option of a call (``LAUNCH_KEYS``): those ``given``, the rest from them and the shape
     (``chains``: batch x heads, ``heads`` / ``groups``: H and G, ``sms``: the GPU's SMs, 0 on CPU). Chosen from
-    register counts and grid sizes, not GPU measurements (``bench/ssd_grad_sweep.py`` measures):
+    ptxas register and spill counts (sm_90, compiled on a CPU) and grid sizes, not GPU timings
+    (``python -m ssmspec.bench.ssd_grad_sweep`` times them):
 
     - forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain);
-    - checkpoint: the fewest tokens, a whole number of both tiles, at which the fp32 states take no more bytes
-      than x (4·N / itemsize tokens: N = 64 in bf16 saves every 128, N = 128 every 256); dcheckpoint: the same
-      (the dS states are freed with the backward);
-    - chunk kernel: 64-token tiles (a tile holds about twice the forward's live (T, T) and (T, N) blocks), all
-      of P, 8 warps once P x N reaches 64 x 128, 4 below, one stage; the whole group of heads per program
-      (dB / dC stored once, no partials) unless tiles x groups x batch leave fewer than 8 programs an SM, then
-      the fewest subsets (a divisor of H / G) that reach it;
+    - checkpoint: the fewest tokens, a whole number of every tile, at which the fp32 states take no more bytes
+      than x (4·N / itemsize tokens: N = 64 in bf16 saves every 128, N = 128 every 256); dcheckpoint: the same;
+    - dx kernel: 64-token tiles at 8 warps (4 warps spill), all of P, one stage; dB / dC kernel the same
+      tile and warps, the whole group of heads a program (dB / dC stored once, in their dtype) unless tiles x
+      groups x batch leave fewer than 8 programs an SM, then the fewest head subsets (a divisor of H / G) that
+      reach it, summed from fp32 slots;
     - dS pass: tiles of up to 128 tokens (a divisor of dcheckpoint), all of P halved (down to 16) while the
-      chains x P blocks are fewer than 4 an SM, 4 warps, 2 stages."""
+      chains x P blocks are fewer than 4 an SM, 8 warps once a P block x N reaches 64 x 128 (4 spill), else 4,
+      2 stages."""
     o = {k: int(v) for k, v in given.items() if v is not None}
     bt_f, bp_f, nw_f = _blocks(L, P, N)
     o.setdefault("fwd_block_t", bt_f)
     o.setdefault("fwd_block_p", bp_f)
     o.setdefault("fwd_num_warps", nw_f)
     o.setdefault("block_t", min(64, max(16, _pow2(L))))
-    bt = o["block_t"]
-    o.setdefault("checkpoint", max(o["fwd_block_t"], bt, _pow2(-(-4 * N // itemsize))))
-    o.setdefault("dcheckpoint", o["checkpoint"])
-    bpp, bn = max(16, _pow2(P)), max(16, _pow2(N))
-    o.setdefault("num_warps", 8 if bpp * bn >= 64 * 128 else 4)
+    o.setdefault("bc_block_t", o["block_t"])
+    o.setdefault("checkpoint", max(o["fwd_block_t"], o["block_t"], o["bc_block_t"], _pow2(-(-4 * N // itemsize))))
+    o.setdefault("dcheckpoint", max(o["checkpoint"], o["block_t"], o["bc_block_t"]))
+    o.setdefault("num_warps", 8)
+    o.setdefault("bc_num_warps", o["num_warps"])
     o.setdefault("num_stages", 1)
     hpg = max(heads // max(groups, 1), 1)
     if "heads_per_program" not in o:
-        progs = max(chains // max(heads, 1), 1) * groups * triton.cdiv(max(L, 1), bt)
+        progs = max(chains // max(heads, 1), 1) * groups * triton.cdiv(max(L, 1), o["bc_block_t"])
         n_sub = next((d for d in range(1, hpg + 1) if hpg % d == 0 and progs * d >= 8 * sms), hpg) if sms else 1
         o["heads_per_program"] = hpg // n_sub
     o.setdefault("bc_atomic", 0)
-    bp = bpp
+    bp = max(16, _pow2(P))
     while sms and bp > 16 and chains * -(-P // bp) < 4 * sms:
         bp //= 2
     o.setdefault("block_p", bp)
     dck = o["dcheckpoint"]
     o.setdefault("pass_block_t", max(16, min(128, dck & -dck, _pow2(L))))
-    o.setdefault("pass_num_warps", 4)
+    o.setdefault("pass_num_warps", 8 if o["block_p"] * max(16, _pow2(N)) >= 64 * 128 else 4)
     o.setdefault("pass_num_stages", 2)
     return o
 
 
 def _check_launch(o: dict, H: int, G: int) -> None:
-    for k in ("fwd_block_t", "fwd_block_p", "block_t", "block_p", "pass_block_t"):
+    for k in ("fwd_block_t", "fwd_block_p", "block_t", "bc_block_t", "block_p", "pass_block_t"):
         _check_block(k, o[k])
-    ck, dck = o["checkpoint"], o["dcheckpoint"]
-    if ck < 1 or ck % o["fwd_block_t"] or ck % o["block_t"]:
-        raise ValueError(f"checkpoint must be a positive multiple of fwd_block_t ({o['fwd_block_t']}) and "
-                         f"block_t ({o['block_t']}), got {ck}")
-    if dck < 1 or dck % o["block_t"] or dck % o["pass_block_t"]:
-        raise ValueError(f"dcheckpoint must be a positive multiple of block_t ({o['block_t']}) and pass_block_t "
-                         f"({o['pass_block_t']}), got {dck}")
+    tiles = {k: o[k] for k in ("fwd_block_t", "block_t", "bc_block_t")}
+    if o["checkpoint"] < 1 or any(o["checkpoint"] % t for t in tiles.values()):
+        raise ValueError(f"checkpoint must be a positive multiple of {tiles}, got {o['checkpoint']}")
+    tiles = {k: o[k] for k in ("block_t", "bc_block_t", "pass_block_t")}
+    if o["dcheckpoint"] < 1 or any(o["dcheckpoint"] % t for t in tiles.values()):
+        raise ValueError(f"dcheckpoint must be a positive multiple of {tiles}, got {o['dcheckpoint']}")
     hpp = o["heads_per_program"]
     if H and (hpp < 1 or (H // G) % hpp):
         raise ValueError(f"heads_per_program must divide the heads of a group ({H // G}), got {hpp}")
@@ -204,33 +204,41 @@ def ssd_backward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     ddt = torch.empty(bsz, L, H, dtype=f32, device=dev)
     ds0 = torch.empty(bsz, H, P, N, dtype=f32, device=dev)
     dstates = torch.empty(bsz, H, triton.cdiv(L, dck), P, N, dtype=f32, device=dev)
+    # dB, dC: stored in B's / C's dtype by one program a group; fp32 slots a head subset, summed; or fp32 atomics
     shape_bc = (bsz, L, G, N) if atomic else (n_sub, bsz, L, G, N)
-    dB = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=f32, device=dev)
-    dC = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=f32, device=dev)
-    parts = {}  # BLOCK_T -> the dA / dD partials (B, tiles, H) of that tile
+    bc_dtype = B.dtype if n_sub == 1 and B.dtype == C.dtype else f32
+    dB = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=bc_dtype, device=dev)
+    dC = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=bc_dtype, device=dev)
+    parts = {}  # BLOCK_T -> the dA / dD partials (2, B, tiles, H) of that tile
     if bsz and H:
         cst = _consts(x)
-        bp = launch["block_p"]
+        bp, bpp = launch["block_p"], max(16, triton.next_power_of_2(P))
         args = (x, dt, A, C, dy, dfinal if dfinal is not None else dummy(ds0), dstates, ds0, L, P, N, H // G, dck,
                 *dt.stride(), *C.stride(), *dy.stride(), *(dfinal.stride() if dfinal is not None else (0,) * 4),
                 *dstates.stride()[:4], *ds0.stride()[:3])
         consts = dict(HAS_DSF=dfinal is not None, HAS_INIT=s0 is not None, **cst, BLOCK_P=bp, BLOCK_N=bn)
         _launch(_bwd_dstate_kernel, lambda t: ((triton.cdiv(P, bp), bsz, H), args, consts), launch["pass_block_t"],
                 launch["pass_num_warps"], launch["pass_num_stages"], launch["step_down"])
+        common = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *states.stride()[:4], *dstates.stride()[:3],
+                  *dy.stride())
 
-        def make(t: int):
+        def make_dx(t: int):
             parts[t] = torch.zeros(2, bsz, triton.cdiv(L, t), H, dtype=f32, device=dev)
-            bc_strides = (0, *dB.stride()[:3]) if atomic else dB.stride()[:4]
-            a = (x, dt, A, B, C, D if D is not None else dummy(A), states, dstates, dy, dx, ddt, dB, dC, parts[t][0],
-                 parts[t][1], L, P, N, H // G, hpp, n_sub, ck, dck, *x.stride(), *dt.stride(), *B.stride(),
-                 *C.stride(), *states.stride()[:4], *dstates.stride()[:4], *dy.stride(), *dx.stride(),
-                 *ddt.stride(), *bc_strides, *parts[t].stride()[1:3])
-            c = dict(HAS_D=D is not None, ATOMIC_BC=atomic, **cst, BLOCK_P=max(16, triton.next_power_of_2(P)),
-                     BLOCK_N=bn)
+            a = (x, dt, A, B, C, D if D is not None else dummy(A), states, dstates, dy, dx, ddt, parts[t][0],
+                 parts[t][1], L, P, N, H // G, ck, dck, *common, *dx.stride(), *ddt.stride(), *parts[t].stride()[1:3])
+            c = dict(HAS_D=D is not None, REPLAY_S=ck > t, REPLAY_DS=dck > t, **cst, BLOCK_P=bpp, BLOCK_N=bn)
+            return (triton.cdiv(L, t), H, bsz), a, c
+
+        def make_bc(t: int):
+            a = (x, dt, A, B, C, states, dstates, dy, dB, dC, torch.zeros(hpp, dtype=torch.int32, device=dev), L, P,
+                 N, H // G, hpp, n_sub, ck, dck, *common, *((0, *dB.stride()[:3]) if atomic else dB.stride()[:4]))
+            c = dict(ATOMIC_BC=atomic, REPLAY_S=ck > t, REPLAY_DS=dck > t, **cst, BLOCK_P=bpp, BLOCK_N=bn)
             return (triton.cdiv(L, t) * n_sub, G, bsz), a, c
 
         if L:
-            _launch(_bwd_chunk_kernel, make, launch["block_t"], launch["num_warps"], launch["num_stages"],
+            _launch(_bwd_dx_kernel, make_dx, launch["block_t"], launch["num_warps"], launch["num_stages"],
+                    launch["step_down"])
+            _launch(_bwd_dbc_kernel, make_bc, launch["bc_block_t"], launch["bc_num_warps"], launch["num_stages"],
                     launch["step_down"])
     elif dfinal is not None and s0 is not None:  # no chains: nothing to scan (kept for shape completeness)
         ds0.copy_(dfinal)
