@@ -119,7 +119,8 @@ def run_ssd_fwdbwd(cfg: DictConfig) -> Iterator[dict]:
             from ssmspec.ops.ssd_grad.triton import _sm_count, default_launch
             for row in ours.values():
                 row.update(default_launch(L, z["P"], z["N"], itemsize=ctx.dtype.itemsize, chains=bsz * z["H"],
-                                          heads=z["H"], groups=z["G"], sms=_sm_count(torch.device(ctx.device))))
+                                          heads=z["H"], groups=z["G"], bf16=ctx.dtype == torch.bfloat16,
+                                          sms=_sm_count(torch.device(ctx.device))))
         big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:
             theirs = {p: dict(base, impl="mamba_ssm", phase=p, status="skipped", reason=why) for p in PHASES}

@@ -12,9 +12,11 @@ every input (bf16 x, B, C, fp32 dt and an fp32 initial state, as ``bench/ssd.py:
 calls, CUDA events around each call (perf_counter on CPU). A variant that the GPU cannot hold (OutOfResources) or
 that runs out of memory is a row marked ``failed``; with ``--check`` each variant's dx, dB, dC, d dt on a strided
 subset of tokens are compared with the defaults' (norm-relative; a row over 2e-2 bf16 / 1e-3 fp32 is marked BAD).
-mamba_ssm's ``mamba_chunk_scan_combined`` is timed too where it imports and x has fewer than 2^31 elements
-(its 32-bit offsets, see ``bench/ssd_grad.py``). Prints one table and, per shape, the best configuration as a
-``LAUNCH_KEYS`` dict; ``--json`` writes every row. ``--time-limit`` (seconds) stops starting new stages once spent.
+With ``--baseline``, mamba_ssm's ``mamba_chunk_scan_combined`` is timed too where it imports and x has fewer than
+2^31 elements (its 32-bit offsets, see ``bench/ssd_grad.py``); off by default, as its autotuner's first calls alone
+take minutes (``experiment=ssd_kernel_fwdbwd`` is the comparison). Prints one table and, per shape, the best
+configuration as a ``LAUNCH_KEYS`` dict; ``--json`` writes every row. ``--time-limit`` (seconds, 210 by default) is
+shared out equally over the shapes: a shape past its share starts no new stage (its best so far is reported).
 """
 from __future__ import annotations
 
@@ -32,34 +34,38 @@ GPU_SHAPES = [f"{m}:16:{L}" for m in ("seed004", "nemotron-h-4b", "mamba2-2.7b")
 GRAD_KEYS = ("x", "dt", "A", "B", "C", "D", "s0")
 
 
-STAGES = ("dx tile x warps", "dB/dC tile x warps", "checkpoints", "heads a program", "stages", "dS pass")
+STAGES = ("dx tile x warps", "dB/dC tile x warps", "checkpoints", "state dtype", "heads a program", "dS pass",
+          "stages")
 
 
 def variants(stage: str, d: dict, z: dict, tiny: bool) -> list[dict]:
     """The variants of one option group (dicts of ``LAUNCH_KEYS``) on top of ``d``, the best configuration so
-    far (``merge`` keeps the checkpoints whole multiples of the tiles)."""
-    hpg, bt = z["H"] // z["G"], d["block_t"]
+    far (``merge`` keeps the checkpoints whole multiples of the tiles). Kept short: every new combination of
+    compile-time options compiles (seconds each)."""
+    hpg, m = z["H"] // z["G"], max(d["block_t"], d["bc_block_t"])
     if tiny:  # the interpreter: a few variants that still cross every code path
         return {"dx tile x warps": [dict(fwd_block_t=16, block_t=16, bc_block_t=16, checkpoint=32, dcheckpoint=32,
                                          pass_block_t=16), dict(block_t=32, num_warps=2, bc_block_t=32)],
                 "heads a program": [dict(heads_per_program=1, bc_atomic=a) for a in (0, 1)] if hpg > 1 else [],
                 }.get(stage, [])
-    if stage == "dx tile x warps":
-        return [dict(block_t=t, num_warps=w) for t in (32, 64, 128) for w in (4, 8)]
+    if stage == "dx tile x warps":  # (32, 4) and (64, 8) spill least (ptxas, sm_90)
+        return [dict(block_t=t, num_warps=w) for t, w in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8))]
     if stage == "dB/dC tile x warps":
-        return [dict(bc_block_t=t, bc_num_warps=w) for t in (32, 64, 128) for w in (4, 8)]
-    if stage == "checkpoints":  # the states' and dS states' spacing: memory and replay against each other
-        return [dict(fwd_block_t=64, fwd_num_warps=4, checkpoint=max(64, bt), dcheckpoint=max(64, bt)),
-                dict(checkpoint=max(128, bt), dcheckpoint=bt), dict(checkpoint=max(128, bt), dcheckpoint=max(128, bt)),
-                dict(checkpoint=max(256, bt), dcheckpoint=max(128, bt)),
-                dict(checkpoint=max(256, bt), dcheckpoint=max(256, bt))]
+        return [dict(bc_block_t=t, bc_num_warps=w) for t, w in ((32, 8), (64, 4), (64, 8), (128, 8))]
+    if stage == "checkpoints":  # the states' and dS states' spacing: memory and bandwidth against replay
+        return [dict(fwd_block_t=64, fwd_num_warps=4, checkpoint=max(64, m), dcheckpoint=max(64, m)),
+                dict(checkpoint=max(128, m), dcheckpoint=m), dict(checkpoint=max(128, m), dcheckpoint=max(128, m)),
+                dict(checkpoint=max(256, m), dcheckpoint=max(128, m))]
+    if stage == "state dtype":
+        return [dict(state_bf16=b) for b in (0, 1)]
     if stage == "heads a program":
         sizes = sorted({h for h in (1, 2, hpg // 2, hpg) if h >= 1 and hpg % h == 0})
-        return [dict(heads_per_program=h, bc_atomic=a) for h in sizes for a in ((0, 1) if h < hpg else (0,))]
+        return [dict(heads_per_program=h, bc_atomic=a) for h in sizes for a in ((0, 1) if h < hpg else (0,))
+                if h >= hpg // 4 or h == 1]
     if stage == "stages":
-        return [dict(num_stages=s) for s in (1, 2, 3)]
+        return [dict(num_stages=s) for s in (1, 2)]
     return [dict(pass_block_t=t, block_p=p, pass_num_warps=w)  # the dS pass
-            for t, p, w in ((64, 16, 4), (128, 16, 4), (128, 32, 4), (256, 16, 4), (256, 32, 8), (128, 64, 4))]
+            for t, p, w in ((64, 16, 4), (128, 16, 4), (128, 32, 4), (256, 16, 4), (128, 64, 8))]
 
 
 def merge(best: dict, v: dict) -> dict:
@@ -132,7 +138,7 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
     dev = "cuda" if cuda else "cpu"
     i = inputs(z, bsz, L, dtype, dev)
     base = default_launch(L, z["P"], z["N"], itemsize=dtype.itemsize, chains=bsz * z["H"], heads=z["H"],
-                          groups=z["G"], sms=_sm_count(torch.device(dev)))
+                          groups=z["G"], bf16=dtype == torch.bfloat16, sms=_sm_count(torch.device(dev)))
     step = max(1, (bsz * L * z["H"] * z["P"]) >> 22)
     rows, ref = [], None
 
@@ -190,7 +196,7 @@ def cost(row: dict) -> float:
 
 
 def baseline(spec: str, i: dict, z: dict, bsz: int, L: int, a, cuda: bool) -> list[dict]:
-    if not cuda or a.no_baseline or bsz * L * z["H"] * z["P"] >= 2 ** 31:
+    if not cuda or not a.baseline or bsz * L * z["H"] * z["P"] >= 2 ** 31:
         return []
     from ssmspec.bench.kernels import mamba_ssm_ops
     _, chunk, why = mamba_ssm_ops()
@@ -247,7 +253,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--no-baseline", action="store_true")
+    p.add_argument("--baseline", action="store_true", help="also time mamba_ssm (its autotuning takes minutes)")
     p.add_argument("--time-limit", type=float, default=210.0)
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
@@ -255,15 +261,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a.tiny = a.tiny or not cuda
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels' first import
-    a.iters = a.iters or (1 if a.tiny else 5)
+    a.iters = a.iters or (1 if a.tiny else 3)
     a.warmup = a.warmup if a.warmup is not None else (0 if a.tiny else 1)
     a.tol = 2e-2 if a.dtype == "bf16" else 1e-3
     from ssmspec.ops.ssd_grad.triton import LAUNCH_KEYS
     global KEYS
     KEYS = LAUNCH_KEYS
-    deadline = time.monotonic() + a.time_limit
+    end = time.monotonic() + a.time_limit
     rows = []
-    for spec in a.shapes or (TINY if a.tiny else GPU_SHAPES):
+    shapes = a.shapes or (TINY if a.tiny else GPU_SHAPES)
+    for k, spec in enumerate(shapes):  # each shape an equal share of the time left
+        deadline = time.monotonic() + (end - time.monotonic()) / (len(shapes) - k)
         rows.extend(run_shape(spec, a, cuda, deadline))
         print(report([r for r in rows if r["shape"] == spec]), flush=True)
     if a.json:

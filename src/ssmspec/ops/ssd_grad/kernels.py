@@ -48,7 +48,7 @@ def _fwd_save_kernel(
     causal = offs_t[:, None] >= offs_t[None, :]
     for t0 in range(0, L, BLOCK_T):
         if t0 % ck_len == 0:  # the state entering checkpoint t0 / ck_len
-            tl.store(st_base + (t0 // ck_len).to(tl.int64) * st_c, S, mask=mask_pn)
+            tl.store(st_base + (t0 // ck_len).to(tl.int64) * st_c, S.to(st_ptr.dtype.element_ty), mask=mask_pn)
         tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
                                            x_l, x_p, dt_l, B_l, B_n)
         Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
@@ -129,7 +129,7 @@ def _bwd_dstate_kernel(
     for i in range(0, n_tiles):
         t0 = (n_tiles - 1 - i) * BLOCK_T
         if ((t0 + BLOCK_T) % dck_len == 0) | (i == 0):  # the last tile of its chunk: dS leaves the chunk here
-            tl.store(dst_base + (t0 // dck_len).to(tl.int64) * dst_c, dS, mask=mask_pn)
+            tl.store(dst_base + (t0 // dck_len).to(tl.int64) * dst_c, dS.to(dst_ptr.dtype.element_ty), mask=mask_pn)
         dS = _rcarry(dS, dy_base, dt_base, C_base, t0, L, A, offs_t, offs_p, offs_n, mask_p, mask_n, dy_l, dy_p,
                      dt_l, C_l, C_n, x_ptr, PRECISION, UPCAST)
     if HAS_INIT:
@@ -147,7 +147,7 @@ def _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr, dst_ptr, t0, 
     replay loop compiled (each loop adds registers: its loads' addresses)."""
     pn = offs_p[:, None] * st_p + offs_n[None, :]  # both (P, N) blocks N-contiguous
     mask_pn = mask_p[:, None] & mask_n[None, :]
-    S = tl.load(st_ptr + (t0 // ck_len).to(tl.int64) * st_c + pn, mask=mask_pn, other=0.0)
+    S = tl.load(st_ptr + (t0 // ck_len).to(tl.int64) * st_c + pn, mask=mask_pn, other=0.0).to(tl.float32)
     if REPLAY_S:
         for r0 in range((t0 // ck_len) * ck_len, t0, BLOCK_T):
             _, _, dtr, xr, Br = _tile_xb(x_base, dt_base, B_base, r0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
@@ -155,7 +155,7 @@ def _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr, dst_ptr, t0, 
             S = _carry(S, xr, Br, dtr, tl.cumsum(A * dtr, axis=0), tl.sum(A * dtr, axis=0), PRECISION, UPCAST)
     dc = t0 // dck_len
     top = tl.minimum((dc + 1) * dck_len, tl.cdiv(L, BLOCK_T) * BLOCK_T)  # end of the dS chunk's last tile
-    dS = tl.load(dst_ptr + dc.to(tl.int64) * dst_c + pn, mask=mask_pn, other=0.0)
+    dS = tl.load(dst_ptr + dc.to(tl.int64) * dst_c + pn, mask=mask_pn, other=0.0).to(tl.float32)
     if REPLAY_DS:
         for k in range(0, (top - t0) // BLOCK_T - 1):
             dS = _rcarry(dS, dy_base, dt_base, C_base, top - (k + 1) * BLOCK_T, L, A, offs_t, offs_p, offs_n, mask_p,

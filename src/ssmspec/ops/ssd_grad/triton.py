@@ -69,7 +69,7 @@ log = logging.getLogger("ssmspec.ops.ssd_grad")
 
 LAUNCH_KEYS = ("fwd_block_t", "fwd_block_p", "fwd_num_warps", "checkpoint", "block_t", "num_warps", "num_stages",
                "bc_block_t", "bc_num_warps", "heads_per_program", "bc_atomic", "dcheckpoint", "block_p",
-               "pass_block_t", "pass_num_warps", "pass_num_stages")
+               "pass_block_t", "pass_num_warps", "pass_num_stages", "state_bf16")
 
 
 def _sm_count(device: torch.device) -> int:
@@ -81,7 +81,7 @@ def _pow2(v: int) -> int:
 
 
 def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sms: int = 0, heads: int = 1,
-                   groups: int = 1, **given) -> dict:
+                   groups: int = 1, bf16: bool = False, **given) -> dict:
     """Every launch option of a call (``LAUNCH_KEYS``): those ``given``, the rest from them and the shape
     (``chains``: batch x heads, ``heads`` / ``groups``: H and G, ``sms``: the GPU's SMs, 0 on CPU). Chosen from
     ptxas register and spill counts (sm_90, compiled on a CPU) and grid sizes, not GPU timings
@@ -104,7 +104,11 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
     o.setdefault("fwd_num_warps", nw_f)
     o.setdefault("block_t", min(64, max(16, _pow2(L))))
     o.setdefault("bc_block_t", o["block_t"])
-    o.setdefault("checkpoint", max(o["fwd_block_t"], o["block_t"], o["bc_block_t"], _pow2(-(-4 * N // itemsize))))
+    o.setdefault("state_bf16", int(bf16))
+    o["state_bf16"] = int(bool(o["state_bf16"]) and bf16)
+    state_bytes = 2 if o["state_bf16"] else 4
+    o.setdefault("checkpoint", max(o["fwd_block_t"], o["block_t"], o["bc_block_t"],
+                                   _pow2(-(-state_bytes * N // itemsize))))
     o.setdefault("dcheckpoint", max(o["checkpoint"], o["block_t"], o["bc_block_t"]))
     o.setdefault("num_warps", 8)
     o.setdefault("bc_num_warps", o["num_warps"])
@@ -158,6 +162,11 @@ def _launch(kernel, make, bt: int, nw: int, stages: int, step_down: bool) -> Non
                         getattr(kernel, "fn", kernel).__name__, t, w, st, tries[i + 1])
 
 
+def _state_dtype(launch: dict) -> torch.dtype:
+    """The saved states' and dS checkpoints' dtype: bf16 with ``state_bf16`` (bf16 inputs only), else fp32."""
+    return torch.bfloat16 if launch["state_bf16"] else torch.float32
+
+
 def _consts(x: Tensor) -> dict:
     return dict(PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
                 UPCAST=interpret_mode() and x.dtype == torch.bfloat16)
@@ -172,7 +181,7 @@ def ssd_forward_save(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
     ck, bt, bp = launch["checkpoint"], launch["fwd_block_t"], launch["fwd_block_p"]
     y = torch.empty(bsz, L, H, P, dtype=x.dtype, device=x.device)
     final = torch.empty(bsz, H, P, N, dtype=torch.float32, device=x.device)
-    states = torch.empty(bsz, H, triton.cdiv(L, ck), P, N, dtype=torch.float32, device=x.device)
+    states = torch.empty(bsz, H, triton.cdiv(L, ck), P, N, dtype=_state_dtype(launch), device=x.device)
     if bsz == 0 or H == 0:
         return y, final, states
     strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
@@ -203,7 +212,7 @@ def ssd_backward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
     ddt = torch.empty(bsz, L, H, dtype=f32, device=dev)
     ds0 = torch.empty(bsz, H, P, N, dtype=f32, device=dev)
-    dstates = torch.empty(bsz, H, triton.cdiv(L, dck), P, N, dtype=f32, device=dev)
+    dstates = torch.empty(bsz, H, triton.cdiv(L, dck), P, N, dtype=_state_dtype(launch), device=dev)
     # dB, dC: stored in B's / C's dtype by one program a group; fp32 slots a head subset, summed; or fp32 atomics
     shape_bc = (bsz, L, G, N) if atomic else (n_sub, bsz, L, G, N)
     bc_dtype = B.dtype if n_sub == 1 and B.dtype == C.dtype else f32
@@ -290,7 +299,7 @@ def ssd_chunk_scan_grad_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: T
         raise ValueError(f"unknown launch options {unknown}; choose from {', '.join(LAUNCH_KEYS)}")
     given = {k: v for k, v in launch.items() if v is not None}
     opts = default_launch(L, P, N, itemsize=x.element_size(), chains=bsz * H, sms=_sm_count(x.device), heads=H,
-                          groups=G, **given)
+                          groups=G, bf16=x.dtype == torch.bfloat16, **given)
     _check_launch(opts, H, G)
     opts["step_down"] = not given
     return SSDScanFunction.apply(x, dt, A, B, C, D, initial_state, opts)
