@@ -1,4 +1,4 @@
-"""The SSD scan's backward (ops/ssd_grad): gradients of the Triton forward + reverse-scan backward against autograd
+"""The SSD scan's backward (ops/ssd_grad): gradients of the Triton forward + tile-parallel backward against autograd
 through the fp32 reference (the naive twin), for x, dt, A, B, C, D and the initial state. CPU: Triton interpreter
 on small shapes; GPU (``gpu`` marker): the paper's sizes in bf16, against the twin and against mamba_ssm's
 ``mamba_chunk_scan_combined`` backward."""

@@ -1,9 +1,9 @@
 """Benchmark of the SSD scan's forward + backward (seed 004, "Forward + Backward"): ``ssd_kernel_fwdbwd``.
 
 Our trainable scan (``ssmspec.ops.ssd_grad.ssd_chunk_scan_trainable``, the call the training forward makes: the
-one-kernel forward that saves checkpoint states, then the one reverse-scan backward kernel) against mamba_ssm's
-``mamba_chunk_scan_combined`` with its autograd backward, in the same run, per mixer size, batch and sequence
-length; goal (P11): >= 2.4x at 32K tokens on forward + backward (seed 004 measured 2.42x on an H200).
+one-kernel forward that saves checkpoint states, then the tile-parallel backward of ``ops/ssd_grad/triton.py``)
+against mamba_ssm's ``mamba_chunk_scan_combined`` with its autograd backward, in the same run, per mixer size,
+batch and sequence length; goal (P11): >= 2.4x at 32K tokens on forward + backward (seed 004 measured 2.42x on an H200).
 
 Two phases per implementation: ``fwd`` is the forward with inputs that require grad (what a training step runs
 first: ours saves its checkpoints, mamba_ssm its tensors), ``fwdbwd`` the forward then ``torch.autograd.grad`` of

@@ -56,5 +56,5 @@ def plot_ssd_fwdbwd(df: pd.DataFrame, out: Path) -> None:
         axr.set(xlabel="sequence length", ylabel="speedup over mamba_ssm", title=f"{model}: forward + backward")
         axr.legend(fontsize=7)
         axr.grid(True, which="both", alpha=0.3)
-    _finish(fig, data, "SSD scan forward + backward: one reverse-scan kernel vs mamba_chunk_scan_combined (seed 004)",
+    _finish(fig, data, "SSD scan forward + backward: tile-parallel backward vs mamba_chunk_scan_combined (seed 004)",
             out)

@@ -2,9 +2,10 @@
 
 ``_fwd_save_kernel``: the forward of ``ops/ssd/triton.py``, one program per chain, that also saves the state
 entering every ``ck_len`` tokens. ``_bwd_dstate_kernel``: the reverse carry of dS = dLoss/d(state) alone, one
-program per (P block, sequence, head), saving dS leaving every ``dck_len`` tokens. ``_bwd_chunk_kernel``: every
-input gradient of one tile of BLOCK_T tokens for the heads ``heads_per_prog`` of one group, from the saved
-state entering the tile and the saved dS leaving it -- independent programs, no carry between tiles.
+program per (P block, sequence, head), saving dS leaving every ``dck_len`` tokens. ``_bwd_dx_kernel`` (one
+program per tile and head) and ``_bwd_dbc_kernel`` (one per tile and group, over its heads): the input
+gradients of one tile of BLOCK_T tokens from the saved state entering the tile and the saved dS leaving it
+(``_tile_states``) -- independent programs, no carry between tiles.
 """
 from __future__ import annotations
 

@@ -3,48 +3,55 @@ and a backward whose tile work is parallel across the sequence. Kernels in ``ker
 
 Forward (``_fwd_save_kernel``): the tile loop of ``ops/ssd/triton.py`` -- one program per chain (sequence b,
 head h, BLOCK_P rows of P), the fp32 state S (BP, N) carried in registers from tile to tile -- that also
-stores the state entering every ``checkpoint`` tokens into ``states`` (B, H, cdiv(L, checkpoint), P, N) fp32
-(by default no more bytes than x). A training forward is always followed by its backward, and the states
+stores the state entering every ``checkpoint`` tokens into ``states`` (B, H, cdiv(L, checkpoint), P, N) (by
+default no more bytes than x). A training forward is always followed by its backward, and the states
 leave the forward's registers anyway, so writing one every few tiles costs at most one more x-sized write.
 
-Backward, two launches (plus torch sums of small partials):
+Backward, three launches (plus torch sums of small partials):
 
 1. ``_bwd_dstate_kernel``, one program per (P block, b, h): the reverse carry alone, dS = dLoss/d(state), from
    the final state's gradient (zero when none) down the sequence in tiles of ``pass_block_t`` tokens,
    dS <- exp(cum_T)·dS + Σ_t e_t dy_t C_tᵀ (one (BP, T) x (T, N) product a tile), storing dS leaving every
-   chunk of ``dcheckpoint`` tokens into ``dstates`` (B, H, cdiv(L, dcheckpoint), P, N) fp32; dS entering
-   token 0 is the initial state's gradient. This is the only sequential part: about a fifth of a tile's
-   products, and linear in P, so it splits P (``block_p``) into more programs at no extra work.
-2. ``_bwd_chunk_kernel``, one program per (tile of ``block_t`` tokens x head subset, group g, b) -- thousands
-   at training sizes, no carry between them: from S entering the tile (the forward checkpoint at or before
-   it, replayed forward over at most checkpoint / block_t - 1 tiles) and dS leaving it (the dS checkpoint at
-   or after it, replayed backward likewise; none at checkpoint = block_t), the tile's gradients for the
-   ``heads_per_program`` heads of group g it owns. Per tile of T tokens, with cum_t = Σ_{i<=t} A·dt_i,
-   e_t = exp(cum_t), M_tj = exp(cum_t - cum_j) for j <= t (0 above), w_j = exp(cum_T - cum_j)·dt_j, and the
-   forward y_t = e_t·S C_t + Σ_j M_tj dt_j (C_t·B_j) x_j + D x_t, S' = exp(cum_T) S + Σ_j w_j x_j B_jᵀ:
+   chunk of ``dcheckpoint`` tokens into ``dstates`` (B, H, cdiv(L, dcheckpoint), P, N); dS entering token 0 is
+   the initial state's gradient (fp32). This is the only sequential part: a fraction of a tile's products,
+   and linear in P, so it splits P (``block_p``) into more programs at no extra work.
+2. ``_bwd_dx_kernel``, one program per (tile of ``block_t`` tokens, head, b), and 3. ``_bwd_dbc_kernel``, one
+   program per (tile of ``bc_block_t`` tokens x head subset, group, b) -- thousands at training sizes, no
+   carry between them. Each takes S entering its tile (the forward checkpoint at or before it, replayed forward
+   over at most checkpoint / tile - 1 tiles) and dS leaving it (the dS checkpoint at or after it, replayed
+   backward likewise; no replay is compiled where a checkpoint is a tile). Per tile of T tokens, with
+   cum_t = Σ_{i<=t} A·dt_i, e_t = exp(cum_t), M_tj = exp(cum_t - cum_j) for j <= t (0 above),
+   w_j = exp(cum_T - cum_j)·dt_j, and the forward y_t = e_t·S C_t + Σ_j M_tj dt_j (C_t·B_j) x_j + D x_t,
+   S' = exp(cum_T) S + Σ_j w_j x_j B_jᵀ:
 
     dx_j  = Σ_t M_tj dt_j (C_t·B_j) dy_t + D dy_j + w_j·(dS B_j)                  Wᵀ dy + D dy + w ∘ (B dSᵀ)
     Z_tj  = M_tj dt_j (dy_t·x_j)                                                   (T, T)
     dC_t  = e_t·(dy_t S) + Σ_j Z_tj B_j,   dB_j = Σ_t Z_tj C_t + w_j·(x_j dS)
     dD    = Σ_t dy_t·x_t
-    d cum_t = e_t C_t·(dy_t S) + Σ_j R_tj - Σ_i R_it - U_t  (+ exp(cum_T)<dS, S> + Σ_j U_j at the last token)
+    d cum_t = e_t dy_t·(S C_t) + Σ_j R_tj - Σ_i R_it - U_t  (+ exp(cum_T)<dS, S> + Σ_j U_j at the last token)
               with R_tj = M_tj dt_j (C_t·B_j)(dy_t·x_j), U_j = w_j x_j·(dS B_j)
     d a_i = Σ_{t>=i} d cum_t (a_i = A·dt_i),   d dt_i = Σ_t R_ti / dt_i + U_i / dt_i + A·d a_i,   dA = Σ_i dt_i d a_i
 
-   (the quotients are computed without the division). The heads of a group share B and C, so C·Bᵀ is made
-   once a program, and the Z blocks of its heads are summed before their two products with B and C; the
-   state terms (dy S, x dS, B dSᵀ) are per head. d dt and dx belong to one head: plain stores. dB, dC: a
-   program that owns the whole group stores them; with n_sub = (H / G) / heads_per_program > 1 subsets, each
-   stores its slot of (n_sub, B, L, G, N) fp32 and torch sums the slots (or, ``bc_atomic``, adds into one
-   (B, L, G, N) with fp32 atomics). dA and dD: one partial a (b, tile, head), summed by torch.
+   (the quotients are computed without the division). The dx kernel takes dx, d dt, and one dA / dD partial a
+   (b, tile, head), summed by torch: per head, plain stores. The dB / dC kernel loops over the heads of its
+   group (they share B and C): it sums their Z blocks and their state terms e∘(dy S), w∘(x dS), then makes
+   the Z products with B and C once. A program that owns the whole group stores dB, dC in their dtype; with
+   n_sub = (H / G) / heads_per_program > 1 subsets (small grids), each stores its slot of (n_sub, B, L, G, N)
+   fp32 that torch sums, or (``bc_atomic``) adds into one fp32 (B, L, G, N) with atomics.
 
-Against the reverse scan this replaces (one program per chain walking every tile backwards: 2 x 128 programs
-at seed 004's size, a replay of up to three tiles of forward carry before each tile, atomics into dB / dC /
-d dt from every head and P block), the tile work is spread over B x G x tiles x n_sub programs, P is never
-split in it (no atomics for d dt, C·Bᵀ made once a group), and the serial part is the dS carry alone.
+Why two tile kernels and not one: ptxas (sm_90) counts about 1.7 KB of register spills a thread for one
+kernel that does all of it in a loop over a group's heads, against tens of bytes for each of the two (the
+loop keeps its loop-invariant address tensors and accumulators live across the whole body). The split costs
+a second read of x, dy and the states and a second dy·xᵀ product a head. The previous backward (one program a
+chain walking every tile backwards: 2 x 128 programs at seed 004's size, a replay of up to three tiles before
+each tile, atomics into dB / dC / d dt from every head and P block) spilled about 1.6 KB.
+
+States: bf16 for bf16 inputs (``state_bf16``; the forward's final state stays fp32): every use but <dS, S> and
+the replays' start rounds them to bf16 before a product anyway, and the tile kernels read a state and a dS a
+tile, the largest part of their traffic at N = 128.
 
 Precision as in the forward: dot operands in the input dtype with fp32 accumulation (bf16 / fp16: the weights,
-the states, dy·e and the summed Z rounded to that dtype before the tensor-core products), tf32x3 for fp32
+the states, dy·e, x·w and the summed Z rounded to that dtype before the tensor-core products), tf32x3 for fp32
 inputs; decays, cumulative sums, the carried dS and every accumulator fp32.
 
 Launch options (``LAUNCH_KEYS``, ``default_launch``) are not autotuned (an autotuner's repeated launches
