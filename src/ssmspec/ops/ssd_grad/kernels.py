@@ -138,30 +138,37 @@ def _bwd_dstate_kernel(
 
 
 @triton.jit
-def _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr, dst_ptr, t0, L, A, ck_len, dck_len, offs_t, offs_p,
-                 offs_n, mask_p, mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr,
-                 REPLAY_S: tl.constexpr, REPLAY_DS: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr,
-                 UPCAST: tl.constexpr):
-    """(S entering the tile at t0, dS leaving it), (BP, BN) fp32: the state checkpoint at or before the tile
-    replayed forward, the dS checkpoint at or after it replayed backward (``st_ptr`` / ``dst_ptr``: the head's
-    (P, N) block of checkpoint 0, rows ``st_p`` apart). REPLAY_S / REPLAY_DS False: checkpoints every tile, no
-    replay loop compiled (each loop adds registers: its loads' addresses)."""
-    pn = offs_p[:, None] * st_p + offs_n[None, :]  # both (P, N) blocks N-contiguous
-    mask_pn = mask_p[:, None] & mask_n[None, :]
-    S = tl.load(st_ptr + (t0 // ck_len).to(tl.int64) * st_c + pn, mask=mask_pn, other=0.0).to(tl.float32)
-    if REPLAY_S:
+def _state_in(x_base, dt_base, B_base, st_ptr, t0, L, A, ck_len, offs_t, offs_p, offs_n, mask_p, mask_n, x_l, x_p,
+              dt_l, B_l, B_n, st_c, st_p, REPLAY: tl.constexpr, BLOCK_T: tl.constexpr, PRECISION: tl.constexpr,
+              UPCAST: tl.constexpr):
+    """S entering the tile at t0, (BP, BN) fp32: the state checkpoint at or before the tile, replayed forward
+    (``st_ptr``: the head's (P, N) block of checkpoint 0, rows ``st_p`` apart, N contiguous). REPLAY False:
+    a checkpoint every tile, no replay loop compiled (a loop adds registers: its loads' addresses)."""
+    S = tl.load(st_ptr + (t0 // ck_len).to(tl.int64) * st_c + offs_p[:, None] * st_p + offs_n[None, :],
+                mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    if REPLAY:
         for r0 in range((t0 // ck_len) * ck_len, t0, BLOCK_T):
             _, _, dtr, xr, Br = _tile_xb(x_base, dt_base, B_base, r0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
                                          x_l, x_p, dt_l, B_l, B_n)
             S = _carry(S, xr, Br, dtr, tl.cumsum(A * dtr, axis=0), tl.sum(A * dtr, axis=0), PRECISION, UPCAST)
+    return S
+
+
+@triton.jit
+def _dstate_out(dy_base, dt_base, C_base, dst_ptr, t0, L, A, dck_len, offs_t, offs_p, offs_n, mask_p, mask_n, dy_l,
+                dy_p, dt_l, C_l, C_n, dst_c, st_p, x_ptr, REPLAY: tl.constexpr, BLOCK_T: tl.constexpr,
+                PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """dS leaving the tile at t0, (BP, BN) fp32: the dS checkpoint at or after the tile, replayed backward
+    (the last checkpoint is the sequence's end, past which tiles load nothing)."""
     dc = t0 // dck_len
-    top = tl.minimum((dc + 1) * dck_len, tl.cdiv(L, BLOCK_T) * BLOCK_T)  # end of the dS chunk's last tile
-    dS = tl.load(dst_ptr + dc.to(tl.int64) * dst_c + pn, mask=mask_pn, other=0.0).to(tl.float32)
-    if REPLAY_DS:
+    dS = tl.load(dst_ptr + dc.to(tl.int64) * dst_c + offs_p[:, None] * st_p + offs_n[None, :],
+                 mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    if REPLAY:
+        top = tl.minimum((dc + 1) * dck_len, tl.cdiv(L, BLOCK_T) * BLOCK_T)  # end of the dS chunk's last tile
         for k in range(0, (top - t0) // BLOCK_T - 1):
             dS = _rcarry(dS, dy_base, dt_base, C_base, top - (k + 1) * BLOCK_T, L, A, offs_t, offs_p, offs_n, mask_p,
                          mask_n, dy_l, dy_p, dt_l, C_l, C_n, x_ptr, PRECISION, UPCAST)
-    return S, dS
+    return dS
 
 
 @triton.jit
@@ -191,10 +198,11 @@ def _bwd_dx_kernel(
     dy_base = dy_ptr + b * dy_b + h * dy_h
     B_base = B_ptr + b * B_b + g * B_g
     C_base = C_ptr + b * C_b + g * C_g
-    S, dS = _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr + b * st_b + h * st_h,
-                         dst_ptr + b * dst_b + h * dst_h, t0, L, A, ck_len, dck_len, offs_t, offs_p, offs_n, mask_p,
-                         mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr, REPLAY_S,
-                         REPLAY_DS, BLOCK_T, PRECISION, UPCAST)
+    S = _state_in(x_base, dt_base, B_base, st_ptr + b * st_b + h * st_h, t0, L, A, ck_len, offs_t, offs_p, offs_n,
+                  mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n, st_c, st_p, REPLAY_S, BLOCK_T, PRECISION, UPCAST)
+    dS = _dstate_out(dy_base, dt_base, C_base, dst_ptr + b * dst_b + h * dst_h, t0, L, A, dck_len, offs_t, offs_p,
+                     offs_n, mask_p, mask_n, dy_l, dy_p, dt_l, C_l, C_n, dst_c, st_p, x_ptr, REPLAY_DS, BLOCK_T,
+                     PRECISION, UPCAST)
     sdS = tl.sum(tl.sum(dS * S, axis=1), axis=0)  # <dS, S>, then only the rounded states are used
     S_lo = S.to(DTYPE)
     dS_lo = dS.to(DTYPE)
@@ -244,11 +252,14 @@ def _bwd_dbc_kernel(
     UPCAST: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Program (tile x head subset, group g, sequence b): dB and dC of the tile summed over the subset's
-    heads_per_prog heads, Σ_h [Z_h B | Z_hᵀ C + the state terms]; the Z blocks summed first, their products
-    with B and C made once. Stored to slot ``sub`` of dB / dC (``bc_s`` apart) in their dtype, or added with
-    fp32 atomics (ATOMIC_BC). ``zero_ptr`` holds heads_per_prog int32 zeros: added to the token and P offsets
-    of each head, they keep the compiler from hoisting the loop's (T, P) and (P, N) address tensors out of the
-    head loop, where they stayed live in registers and spilled (ptxas: 304 -> 40 bytes at 64 x 64 x 64)."""
+    heads_per_prog heads, Σ_h [Z_h B | Z_hᵀ C + the state terms]. Three passes over the heads, so that the
+    (T, T) sum, a replayed S and a replayed dS are never live together: Σ_h Z_h, then its two products with B
+    and C (made once), then Σ_h e∘(dy_h S_h), then Σ_h w∘(x_h dS_h) (the second reads of x, dy, dt hit the
+    caches). Stored to slot ``sub`` of dB / dC (``bc_s`` apart) in their dtype, or added with fp32 atomics
+    (ATOMIC_BC). ``zero_ptr`` holds heads_per_prog int32 zeros: added to each head's token and P offsets, they
+    keep the compiler from hoisting the loops' (T, P) and (P, N) address tensors out of them, where they stayed
+    live in registers. ptxas (Triton 3.6, sm_90, 64-token tiles, 8 warps): no spill at N = 64 with replays,
+    0.5 KB at N = 128 with replays, none without; one pass over the heads spilled 1.4 KB at N = 128."""
     pid = tl.program_id(0)
     tile = pid // n_sub
     sub = pid % n_sub
@@ -263,42 +274,65 @@ def _bwd_dbc_kernel(
     DTYPE = x_ptr.dtype.element_ty
     B_base = B_ptr + b * B_b + g * B_g
     C_base = C_ptr + b * C_b + g * C_g
-    Zs = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)  # Σ_h Z_h
-    dB = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # Σ_h w∘(x dS): the state's terms
-    dC = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)  # Σ_h e∘(dy S)
-    for i in range(0, heads_per_prog):
-        h = g * heads_per_group + sub * heads_per_prog + i
-        zero = tl.load(zero_ptr + i)
-        offs_pv = offs_p + zero
-        A = tl.load(A_ptr + h).to(tl.float32)
-        x_base = x_ptr + b * x_b + h * x_h
-        dt_base = dt_ptr + b * dt_b + h * dt_h
-        dy_base = dy_ptr + b * dy_b + h * dy_h
-        S, dS = _tile_states(x_base, dt_base, dy_base, B_base, C_base, st_ptr + b * st_b + h * st_h,
-                             dst_ptr + b * dst_b + h * dst_h, t0, L, A, ck_len, dck_len, offs_t, offs_pv, offs_n,
-                             mask_p, mask_n, x_l, x_p, dt_l, dy_l, dy_p, B_l, B_n, C_l, C_n, st_c, dst_c, st_p, x_ptr,
-                             REPLAY_S, REPLAY_DS, BLOCK_T, PRECISION, UPCAST)
-        tok = t0 + zero + offs_t
-        mask_t = tok < L
-        tok = tok.to(tl.int64)
-        mask_tp = mask_t[:, None] & mask_p[None, :]
-        dt = tl.load(dt_base + tok * dt_l, mask=mask_t, other=0.0).to(tl.float32)
-        xt = tl.load(x_base + tok[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_tp, other=0.0).to(DTYPE)
-        dyt = tl.load(dy_base + tok[:, None] * dy_l + offs_p[None, :] * dy_p, mask=mask_tp, other=0.0).to(DTYPE)
-        cum = tl.cumsum(A * dt, axis=0)
-        w = tl.exp(tl.sum(A * dt, axis=0) - cum) * dt
-        dB = _mma((xt.to(tl.float32) * w[:, None]).to(DTYPE), dS.to(DTYPE), dB, PRECISION, UPCAST)
-        dC = _mma((dyt.to(tl.float32) * tl.exp(cum)[:, None]).to(DTYPE), S.to(DTYPE), dC, PRECISION, UPCAST)
-        M = tl.exp(tl.where((offs_t + zero)[:, None] >= offs_t[None, :], cum[:, None] - cum[None, :], float("-inf")))
-        Zs += M * _mm(dyt, tl.trans(xt), PRECISION, UPCAST) * dt[None, :]  # Z_tj = M_tj dt_j (dy_t·x_j)
     tok = t0 + offs_t
     mask_tn = (tok < L)[:, None] & mask_n[None, :]
     tok = tok.to(tl.int64)
+    # two passes over the heads, so that the (T, T) sum and the states are never live together: first Σ_h Z_h
+    # and its products with B and C, then the state terms added onto them
+    Zs = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+    for i in range(0, heads_per_prog):
+        h = g * heads_per_group + sub * heads_per_prog + i
+        zero = tl.load(zero_ptr + i)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        tokv = t0 + zero + offs_t
+        mask_t = tokv < L
+        tokv = tokv.to(tl.int64)
+        mask_tp = mask_t[:, None] & mask_p[None, :]
+        dt = tl.load(dt_ptr + b * dt_b + h * dt_h + tokv * dt_l, mask=mask_t, other=0.0).to(tl.float32)
+        xt = tl.load(x_ptr + b * x_b + h * x_h + tokv[:, None] * x_l + offs_p[None, :] * x_p, mask=mask_tp,
+                     other=0.0).to(DTYPE)
+        dyt = tl.load(dy_ptr + b * dy_b + h * dy_h + tokv[:, None] * dy_l + offs_p[None, :] * dy_p, mask=mask_tp,
+                      other=0.0).to(DTYPE)
+        cum = tl.cumsum(A * dt, axis=0)
+        M = tl.exp(tl.where((offs_t + zero)[:, None] >= offs_t[None, :], cum[:, None] - cum[None, :], float("-inf")))
+        Zs += M * _mm(dyt, tl.trans(xt), PRECISION, UPCAST) * dt[None, :]  # Z_tj = M_tj dt_j (dy_t·x_j)
+    Zlo = Zs.to(DTYPE)
     Bt = tl.load(B_base + tok[:, None] * B_l + offs_n[None, :] * B_n, mask=mask_tn, other=0.0).to(DTYPE)
     Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n, mask=mask_tn, other=0.0).to(DTYPE)
-    Zlo = Zs.to(DTYPE)
-    dC = _mma(Zlo, Bt, dC, PRECISION, UPCAST)
-    dB = _mma(tl.trans(Zlo), Ct, dB, PRECISION, UPCAST)
+    dC = _mm(Zlo, Bt, PRECISION, UPCAST)  # Σ_h Z_h B
+    dB = _mm(tl.trans(Zlo), Ct, PRECISION, UPCAST)  # Σ_h Z_hᵀ C
+    for i in range(0, heads_per_prog):  # + Σ_h e∘(dy_h S_h), S_h replayed
+        h = g * heads_per_group + sub * heads_per_prog + i
+        zero = tl.load(zero_ptr + i)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        dt_base = dt_ptr + b * dt_b + h * dt_h
+        S = _state_in(x_ptr + b * x_b + h * x_h, dt_base, B_base, st_ptr + b * st_b + h * st_h, t0, L, A, ck_len,
+                      offs_t, offs_p + zero, offs_n, mask_p, mask_n, x_l, x_p, dt_l, B_l, B_n, st_c, st_p, REPLAY_S,
+                      BLOCK_T, PRECISION, UPCAST).to(DTYPE)
+        tokv = t0 + zero + offs_t
+        mask_t = tokv < L
+        tokv = tokv.to(tl.int64)
+        dt = tl.load(dt_base + tokv * dt_l, mask=mask_t, other=0.0).to(tl.float32)
+        dyt = tl.load(dy_ptr + b * dy_b + h * dy_h + tokv[:, None] * dy_l + offs_p[None, :] * dy_p,
+                      mask=mask_t[:, None] & mask_p[None, :], other=0.0).to(DTYPE).to(tl.float32)
+        dC = _mma((dyt * tl.exp(tl.cumsum(A * dt, axis=0))[:, None]).to(DTYPE), S, dC, PRECISION, UPCAST)
+    for i in range(0, heads_per_prog):  # + Σ_h w∘(x_h dS_h), dS_h replayed
+        h = g * heads_per_group + sub * heads_per_prog + i
+        zero = tl.load(zero_ptr + i)
+        A = tl.load(A_ptr + h).to(tl.float32)
+        dt_base = dt_ptr + b * dt_b + h * dt_h
+        dS = _dstate_out(dy_ptr + b * dy_b + h * dy_h, dt_base, C_base, dst_ptr + b * dst_b + h * dst_h, t0, L, A,
+                         dck_len, offs_t, offs_p + zero, offs_n, mask_p, mask_n, dy_l, dy_p, dt_l, C_l, C_n, dst_c,
+                         st_p, x_ptr, REPLAY_DS, BLOCK_T, PRECISION, UPCAST).to(DTYPE)
+        tokv = t0 + zero + offs_t
+        mask_t = tokv < L
+        tokv = tokv.to(tl.int64)
+        dt = tl.load(dt_base + tokv * dt_l, mask=mask_t, other=0.0).to(tl.float32)
+        xt = tl.load(x_ptr + b * x_b + h * x_h + tokv[:, None] * x_l + offs_p[None, :] * x_p,
+                     mask=mask_t[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+        cum = tl.cumsum(A * dt, axis=0)
+        w = tl.exp(tl.sum(A * dt, axis=0) - cum) * dt
+        dB = _mma((xt * w[:, None]).to(DTYPE), dS, dB, PRECISION, UPCAST)
     off = b * bc_b + g * bc_g + tok[:, None] * bc_l + offs_n[None, :]
     if ATOMIC_BC:
         tl.atomic_add(dB_ptr + off, dB, mask=mask_tn)
