@@ -231,9 +231,9 @@ def test_bad_launch_options_are_refused(device, launch, match):
 
 
 def test_default_launch():
-    """Checkpoints no bigger in bytes than x, a whole number of both tiles; the dS pass's P halved where chains
-    leave SMs idle; a group's heads split over programs only where tiles x groups x batch leave SMs idle; options
-    derived from those given."""
+    """Checkpoints no bigger in bytes than x (bf16 states for bf16 inputs), a whole number of the tiles; the dS
+    pass's P halved where chains leave SMs idle; a group's heads split over programs only where tiles x groups x
+    batch leave SMs idle; options derived from those given."""
     from ssmspec.ops.ssd_grad.triton import default_launch
     seed004 = default_launch(32768, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)
     assert (seed004["block_p"], seed004["checkpoint"], seed004["dcheckpoint"], seed004["fwd_block_t"],
@@ -241,6 +241,9 @@ def test_default_launch():
     assert default_launch(2048, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)["heads_per_program"] == 2
     nemo = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8)
     assert (nemo["block_p"], nemo["checkpoint"], nemo["num_warps"], nemo["heads_per_program"]) == (64, 256, 8, 14)
+    nemo16 = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8, bf16=True)
+    assert (nemo16["state_bf16"], nemo16["checkpoint"], nemo16["pass_block_t"], nemo16["pass_num_warps"]) == (1, 128, 64, 8)
+    assert nemo["state_bf16"] == 0  # fp16 or fp32 inputs: fp32 states
     short = default_launch(20, 16, 8, itemsize=4)
     assert (short["fwd_block_t"], short["block_t"], short["checkpoint"], short["pass_block_t"]) == (32, 32, 32, 32)
     given = default_launch(4096, 64, 64, itemsize=2, block_t=32, checkpoint=64)

@@ -95,15 +95,20 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
     (``python -m ssmspec.bench.ssd_grad_sweep`` times them):
 
     - forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain);
-    - checkpoint: the fewest tokens, a whole number of every tile, at which the fp32 states take no more bytes
-      than x (4·N / itemsize tokens: N = 64 in bf16 saves every 128, N = 128 every 256); dcheckpoint: the same;
+    - states in bf16 for bf16 inputs (``state_bf16``), fp32 otherwise;
+    - checkpoint: the fewest tokens, a whole number of every tile, at which the states take no more bytes
+      than x (bf16 states: N tokens, so 128 for N = 64 and N = 128 with 128-token forward tiles; fp32 states
+      of bf16 inputs: 2·N); dcheckpoint: the same;
     - dx kernel: 64-token tiles at 8 warps (4 warps spill), all of P, one stage; dB / dC kernel the same
       tile and warps, the whole group of heads a program (dB / dC stored once, in their dtype) unless tiles x
       groups x batch leave fewer than 8 programs an SM, then the fewest head subsets (a divisor of H / G) that
       reach it, summed from fp32 slots;
-    - dS pass: tiles of up to 128 tokens (a divisor of dcheckpoint), all of P halved (down to 16) while the
-      chains x P blocks are fewer than 4 an SM, 8 warps once a P block x N reaches 64 x 128 (4 spill), else 4,
-      2 stages."""
+    - dS pass: all of P, halved (down to 16) while the chains x P blocks are fewer than 4 an SM; tiles of up
+      to 128 tokens (a divisor of dcheckpoint) at 4 warps, or 64 tokens at 8 warps once a P block x N reaches
+      64 x 128 (the others spill); 2 stages.
+
+    ptxas (Triton 3.6, sm_90, bf16) spills at these defaults: the dx kernel 56 B / 0.3 KB at N = 64 / 128
+    (with replays), the dB / dC kernel 0 / 0.5 KB, the dS pass 0 / 24 B; the forward 1 KB / 2.2 KB."""
     o = {k: int(v) for k, v in given.items() if v is not None}
     bt_f, bp_f, nw_f = _blocks(L, P, N)
     o.setdefault("fwd_block_t", bt_f)
@@ -130,9 +135,9 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
     while sms and bp > 16 and chains * -(-P // bp) < 4 * sms:
         bp //= 2
     o.setdefault("block_p", bp)
-    dck = o["dcheckpoint"]
-    o.setdefault("pass_block_t", max(16, min(128, dck & -dck, _pow2(L))))
-    o.setdefault("pass_num_warps", 8 if o["block_p"] * max(16, _pow2(N)) >= 64 * 128 else 4)
+    dck, big = o["dcheckpoint"], o["block_p"] * max(16, _pow2(N)) >= 64 * 128
+    o.setdefault("pass_block_t", max(16, min(64 if big else 128, dck & -dck, _pow2(L))))
+    o.setdefault("pass_num_warps", 8 if big else 4)
     o.setdefault("pass_num_stages", 2)
     return o
 
