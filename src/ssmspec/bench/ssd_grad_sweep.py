@@ -4,10 +4,12 @@
     python -m ssmspec.bench.ssd_grad_sweep --shapes seed004:16:32768 --iters 10
     TRITON_INTERPRET=1 python -m ssmspec.bench.ssd_grad_sweep --tiny   # CPU smoke (set automatically without CUDA)
 
-Per shape (mixer:batch:seqlen; a mixer is ``seed004`` or a model preset, ``bench/ssd.py:mixer``) a coordinate
-descent over groups of launch options (``STAGES``): each stage times every variant of its group on top of the best
-configuration so far and keeps the fastest, starting from ``default_launch``. So a shape costs about 20 timings, not
-the product of the groups. Each timing is the median of ``--iters`` calls of forward + ``torch.autograd.grad`` for
+On the first shape of each mixer (mixer:batch:seqlen; a mixer is ``seed004`` or a model preset,
+``bench/ssd.py:mixer``) a coordinate descent over groups of launch options (``STAGES``): each stage times every
+variant of its group on top of the best configuration so far and keeps the fastest, starting from
+``default_launch``; so a shape costs about 30 timings, not the product of the groups. The mixer's other shapes
+(other lengths) time their defaults and the three fastest changes found there, on top of their own defaults:
+every new combination of compile-time options compiles its kernels (seconds each), and these reuse them. Each timing is the median of ``--iters`` calls of forward + ``torch.autograd.grad`` for
 every input (bf16 x, B, C, fp32 dt and an fp32 initial state, as ``bench/ssd.py:scan_inputs``) after ``--warmup``
 calls, CUDA events around each call (perf_counter on CPU). A variant that the GPU cannot hold (OutOfResources) or
 that runs out of memory is a row marked ``failed``; with ``--check`` each variant's dx, dB, dC, d dt on a strided
@@ -16,9 +18,8 @@ With ``--baseline``, mamba_ssm's ``mamba_chunk_scan_combined`` is timed too wher
 2^31 elements (its 32-bit offsets, see ``bench/ssd_grad.py``); off by default, as its autotuner's first calls alone
 take minutes (``experiment=ssd_kernel_fwdbwd`` is the comparison). Prints one table and, per shape, the best
 configuration as a ``LAUNCH_KEYS`` dict; ``--json`` writes every row. ``--time-limit`` (seconds, 195 by default) is
-shared out equally over the shapes: a shape past its share times no further variant (its best so far is reported),
-so a run ends within about 4 minutes, compiles included (every new combination of compile-time options compiles
-its kernels, seconds each; Triton's cache makes a second run faster).
+shared out equally over the mixers: a shape past its share times no further variant (its best so far is reported),
+so a run ends within about 4 minutes, compiles included (Triton's cache makes a second run on a machine faster).
 """
 from __future__ import annotations
 
@@ -32,12 +33,12 @@ import time
 import torch
 
 TINY = ["tiny:1:40"]  # tiny: H=2, P=16, N=16, G=1 (interpreter)
-GPU_SHAPES = [f"{m}:16:{L}" for m in ("seed004", "nemotron-h-4b", "mamba2-2.7b") for L in (8192, 32768)]
+GPU_SHAPES = [f"{m}:16:{L}" for m in ("seed004", "nemotron-h-4b", "mamba2-2.7b") for L in (32768, 8192)]
 GRAD_KEYS = ("x", "dt", "A", "B", "C", "D", "s0")
 
 
 STAGES = ("dx tile x warps", "dB/dC tile x warps", "checkpoints", "state dtype", "heads a program", "dS pass",
-          "stages")
+          "stages", "forward")
 
 
 def variants(stage: str, d: dict, z: dict, tiny: bool) -> list[dict]:
@@ -66,6 +67,9 @@ def variants(stage: str, d: dict, z: dict, tiny: bool) -> list[dict]:
                 if h >= hpg // 4 or h == 1]
     if stage == "stages":
         return [dict(num_stages=s) for s in (1, 2)]
+    if stage == "forward":  # the forward's tile, P block (more programs, C·Bᵀ made again per block) and warps
+        return [dict(fwd_block_t=t, fwd_block_p=p, fwd_num_warps=w) for t, p, w in ((128, 64, 8), (128, 32, 8),
+                                                                                    (64, 32, 4), (64, 64, 4))]
     grid = ((64, 16, 4), (128, 16, 4), (128, 32, 4), (256, 16, 4), (128, 64, 8)) if z["N"] <= 64 else \
         ((64, 64, 8), (64, 32, 8), (128, 32, 8), (64, 16, 4), (128, 16, 4))  # (tile, P block, warps) that spill little
     return [dict(pass_block_t=t, block_p=p, pass_num_warps=w) for t, p, w in grid]  # the dS pass
@@ -134,7 +138,9 @@ def sample(grads, step: int) -> dict:
     return {k: (g[:, ::step] if k in ("x", "dt", "B", "C") else g).float().clone() for k, g in zip(GRAD_KEYS, grads)}
 
 
-def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
+def run_shape(spec: str, a, cuda: bool, deadline: float, diffs: list[dict] | None = None) -> list[dict]:
+    """The descent over ``STAGES`` on one shape; with ``diffs`` (option changes found on another length of the same
+    mixer) instead the defaults and each of them on top of this shape's defaults."""
     from ssmspec.ops.ssd_grad.triton import _sm_count, default_launch, ssd_chunk_scan_grad_triton
     name, z, bsz, L = shape_of(spec)
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
@@ -173,7 +179,13 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
 
     best_opts = dict(base)
     best = measure("default", best_opts)
-    for stage in STAGES:
+    for v in diffs or []:
+        opts = merge(base, v)
+        if opts != base and time.monotonic() < deadline:
+            row = measure("best elsewhere", opts)
+            if cost(row) < cost(best):
+                best, best_opts = row, opts
+    for stage in STAGES if diffs is None else ():
         if time.monotonic() > deadline:
             print(f"# {spec}: time limit reached before stage {stage!r}", file=sys.stderr)
             break
@@ -194,6 +206,17 @@ def run_shape(spec: str, a, cuda: bool, deadline: float) -> list[dict]:
     if cuda:
         torch.cuda.empty_cache()
     return rows
+
+
+def top_diffs(rows: list[dict], k: int = 3) -> list[dict]:
+    """The option changes (against the shape's defaults) of the ``k`` fastest distinct configurations timed."""
+    keys = [c for c in rows[0] if c in KEYS]
+    out = []
+    for r in sorted((r for r in rows if r["stage"] not in ("best", "mamba_ssm")), key=cost):
+        d = {c: r[c] for c in keys if r[c] != rows[0][c]}
+        if cost(r) < float("inf") and d and d not in out:
+            out.append(d)
+    return out[:k]
 
 
 def cost(row: dict) -> float:
@@ -275,11 +298,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     KEYS = LAUNCH_KEYS
     end = time.monotonic() + a.time_limit
     rows = []
-    shapes = a.shapes or (TINY if a.tiny else GPU_SHAPES)
-    for k, spec in enumerate(shapes):  # each shape an equal share of the time left
-        deadline = time.monotonic() + (end - time.monotonic()) / (len(shapes) - k)
-        rows.extend(run_shape(spec, a, cuda, deadline))
-        print(report([r for r in rows if r["shape"] == spec]), flush=True)
+    groups: dict[str, list[str]] = {}  # mixer -> its shapes: the first gets the descent, the others re-time it
+    for spec in a.shapes or (TINY if a.tiny else GPU_SHAPES):
+        groups.setdefault(spec.split(":")[0], []).append(spec)
+    for k, specs in enumerate(groups.values()):  # each mixer an equal share of the time left, a fifth to re-time
+        share = (end - time.monotonic()) / (len(groups) - k)
+        rows.extend(run_shape(specs[0], a, cuda, time.monotonic() + share * (0.8 if specs[1:] else 1.0)))
+        print(report([r for r in rows if r["shape"] == specs[0]]), flush=True)
+        diffs = top_diffs([r for r in rows if r["shape"] == specs[0]])
+        for j, spec in enumerate(specs[1:]):
+            rows.extend(run_shape(spec, a, cuda, time.monotonic() + (end - time.monotonic()) / (len(groups) - k)
+                                  / (len(specs) - 1 - j), diffs))
+            print(report([r for r in rows if r["shape"] == spec]), flush=True)
     print("\n== best configuration per shape (ms forward + backward; options that differ from the defaults)")
     for r in rows:
         if r["stage"] == "best":
