@@ -39,12 +39,13 @@ Backward, three launches (plus torch sums of small partials):
    n_sub = (H / G) / heads_per_program > 1 subsets (small grids), each stores its slot of (n_sub, B, L, G, N)
    fp32 that torch sums, or (``bc_atomic``) adds into one fp32 (B, L, G, N) with atomics.
 
-Why two tile kernels and not one: ptxas (sm_90) counts about 1.7 KB of register spills a thread for one
-kernel that does all of it in a loop over a group's heads, against tens of bytes for each of the two (the
-loop keeps its loop-invariant address tensors and accumulators live across the whole body). The split costs
-a second read of x, dy and the states and a second dy·xᵀ product a head. The previous backward (one program a
-chain walking every tile backwards: 2 x 128 programs at seed 004's size, a replay of up to three tiles before
-each tile, atomics into dB / dC / d dt from every head and P block) spilled about 1.6 KB.
+Why two tile kernels and not one: ptxas (sm_90, Triton 3.9 on a CPU) counted about 1.7 KB of register spills a
+thread for one kernel doing all of it in a loop over a group's heads (the loop keeps its loop-invariant address
+tensors and accumulators live across the whole body), against tens of bytes for each of the two. The split
+costs a second read of x, dy and the states and a second dy·xᵀ product a head. With Triton 3.6 (the GPU
+image's): these kernels 0-0.5 KB at the defaults, the previous backward (one program a chain walking every
+tile backwards: 2 x 128 programs at seed 004's size, a replay of up to three tiles before each tile, atomics
+into dB / dC / d dt from every head and P block) 1.8-2.7 KB, the forward 1-2.2 KB.
 
 States: bf16 for bf16 inputs (``state_bf16``; the forward's final state stays fp32): every use but <dS, S> and
 the replays' start rounds them to bf16 before a product anyway, and the tile kernels read a state and a dS a
