@@ -1,4 +1,4 @@
-"""The SSD scan's backward (ops/ssd_grad): gradients of the Triton forward + reverse-scan backward against autograd
+"""The SSD scan's backward (ops/ssd_grad): gradients of the Triton forward + tile-parallel backward against autograd
 through the fp32 reference (the naive twin), for x, dt, A, B, C, D and the initial state. CPU: Triton interpreter
 on small shapes; GPU (``gpu`` marker): the paper's sizes in bf16, against the twin and against mamba_ssm's
 ``mamba_chunk_scan_combined`` backward."""
@@ -64,9 +64,18 @@ def assert_grads_close(got: dict, ref: dict, dtype) -> None:
 
 
 # (batch, L, H, P, G, N, launch): L not a multiple of any tile; checkpoints spanning several backward tiles (the
-# carry replayed); forward and backward tiles that differ; G = 3 (4 heads a group share dB, dC: atomics); P = 80
-# in two P blocks (dB, dC, d dt summed over blocks); one checkpoint a tile; one token
+# carry replayed forward from a state, backward from a dS); forward and backward tiles that differ; G = 3 (2 heads
+# a group share dB, dC); P = 80 (two P blocks of the dS pass, one padded block of the chunk kernel); one checkpoint
+# a tile; one token; a group's heads split over programs (dB, dC as summed slots, or added with atomics); dS
+# checkpoints apart from the states', in tiles of the dS pass other than the chunk kernel's, the last dS chunk cut
+# short by L inside a tile of the pass (its dS is stored at the sequence's end)
 SHAPES = [
+    pytest.param(2, 37, 6, 32, 3, 16, dict(fwd_block_t=16, block_t=16, checkpoint=32, heads_per_program=1, bc_atomic=1),
+                 id="L37-G3-heads-split-atomic"),
+    pytest.param(1, 45, 4, 16, 1, 16, dict(fwd_block_t=16, block_t=32, checkpoint=32, dcheckpoint=64, pass_block_t=16,
+                                           heads_per_program=2), id="L45-heads-split-summed-dck2tiles-partial"),
+    pytest.param(2, 40, 2, 16, 1, 16, dict(fwd_block_t=32, block_t=16, checkpoint=64, dcheckpoint=16, pass_block_t=16),
+                 id="L40-ck4tiles-dck1tile"),
     pytest.param(2, 37, 6, 32, 3, 16, dict(fwd_block_t=16, block_t=16, checkpoint=32), id="L37-G3-ck2tiles"),
     pytest.param(1, 50, 2, 16, 1, 8, dict(fwd_block_t=16, block_t=16, checkpoint=16), id="L50-G1-N8-ck1tile"),
     pytest.param(2, 45, 4, 80, 2, 16, dict(fwd_block_t=32, block_t=16, checkpoint=32, block_p=64),
@@ -107,10 +116,14 @@ def test_one_output_used(device, y_loss, state_loss):
     assert_grads_close(got, ref, torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")])
-def test_half_inputs_accumulate_in_fp32(device, dtype):
+@pytest.mark.parametrize("dtype, state_bf16", [pytest.param(torch.bfloat16, None, id="bf16-bf16-states"),
+                                               pytest.param(torch.bfloat16, 0, id="bf16-fp32-states"),
+                                               pytest.param(torch.float16, None, id="fp16")])
+def test_half_inputs_accumulate_in_fp32(device, dtype, state_bf16):
+    """bf16 / fp16 inputs: fp32 accumulation; bf16 inputs save the states and dS checkpoints in bf16 by default
+    (the rounding every state operand gets before its products anyway), fp32 on request."""
     inp, up = scan_inputs(2, 37, 4, 32, 2, 16, dtype, device, seed=3)
-    y, s, got = triton_grads(inp, up, fwd_block_t=16, block_t=16, checkpoint=32)
+    y, s, got = triton_grads(inp, up, fwd_block_t=16, block_t=16, checkpoint=32, state_bf16=state_bf16)
     _, _, ref = twin_grads(inp, up)
     assert y.dtype == dtype and s.dtype == torch.float32
     assert got["x"].dtype == got["B"].dtype == dtype and got["dt"].dtype == got["s0"].dtype == torch.float32
@@ -201,6 +214,9 @@ def test_bad_input_is_refused(change, match):
     pytest.param(dict(fwd_block_t=32, block_t=16, checkpoint=48), "checkpoint must be a positive multiple",
                  id="checkpoint"),
     pytest.param(dict(block_q=16), "unknown launch options", id="unknown"),
+    pytest.param(dict(block_t=16, checkpoint=32, dcheckpoint=24), "dcheckpoint must be a positive multiple",
+                 id="dcheckpoint"),
+    pytest.param(dict(heads_per_program=3), "heads_per_program must divide", id="heads-per-program"),
 ])
 def test_bad_launch_options_are_refused(device, launch, match):
     inp, up = scan_inputs(1, 9, 2, 16, 1, 16, torch.float32, device)
@@ -209,14 +225,41 @@ def test_bad_launch_options_are_refused(device, launch, match):
 
 
 def test_default_launch():
-    """Checkpoints no bigger in bytes than x, a whole number of both tiles; P halved where chains leave SMs idle."""
+    """Checkpoints no bigger in bytes than x (bf16 states for bf16 inputs), a whole number of the tiles; the dS
+    pass's P halved where chains leave SMs idle; a group's heads split over programs only where tiles x groups x
+    batch leave SMs idle; options derived from those given."""
     from ssmspec.ops.ssd_grad.triton import default_launch
-    seed004 = default_launch(32768, 64, 64, itemsize=2, chains=16 * 8, sms=132)
-    assert (seed004["block_p"], seed004["checkpoint"], seed004["fwd_block_t"], seed004["block_t"]) == (32, 128, 128, 64)
-    nemo = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132)
-    assert (nemo["block_p"], nemo["checkpoint"], nemo["num_warps"]) == (64, 256, 8)
+    seed004 = default_launch(32768, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)
+    assert (seed004["block_p"], seed004["checkpoint"], seed004["dcheckpoint"], seed004["fwd_block_t"],
+            seed004["block_t"], seed004["heads_per_program"], seed004["pass_block_t"]) == (16, 128, 128, 128, 64, 8, 128)
+    assert default_launch(2048, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)["heads_per_program"] == 2
+    nemo = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8)
+    assert (nemo["block_p"], nemo["checkpoint"], nemo["num_warps"], nemo["heads_per_program"]) == (64, 256, 8, 14)
+    nemo16 = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8, bf16=True)
+    assert (nemo16["state_bf16"], nemo16["checkpoint"], nemo16["pass_block_t"], nemo16["pass_num_warps"]) == (1, 128, 64, 8)
+    assert nemo["state_bf16"] == 0  # fp16 or fp32 inputs: fp32 states
     short = default_launch(20, 16, 8, itemsize=4)
-    assert (short["fwd_block_t"], short["block_t"], short["checkpoint"]) == (32, 32, 32)
+    assert (short["fwd_block_t"], short["block_t"], short["checkpoint"], short["pass_block_t"]) == (32, 32, 32, 32)
+    given = default_launch(4096, 64, 64, itemsize=2, block_t=32, checkpoint=64)
+    assert (given["dcheckpoint"], given["pass_block_t"], given["heads_per_program"]) == (64, 64, 1)
+
+
+def test_launch_sweep_smoke(device, tmp_path):
+    """``python -m ssmspec.bench.ssd_grad_sweep --tiny``: every variant runs and agrees with the defaults' gradients,
+    and the best configuration is one the kernels take."""
+    import json
+
+    from ssmspec.bench.ssd_grad_sweep import main
+    from ssmspec.ops.ssd_grad.triton import LAUNCH_KEYS
+    rows = main(["--tiny", "--json", str(tmp_path / "rows.json")])
+    assert rows == json.loads((tmp_path / "rows.json").read_text())
+    timed = [r for r in rows if r["stage"] != "best"]
+    assert len(timed) >= 4 and {"default", "dx tile x warps", "heads a program"} <= {r["stage"] for r in timed}
+    assert all(r["ms"] > 0 and r["rel_err"] < 2e-2 and "failed" not in r for r in timed)
+    best = next(r for r in rows if r["stage"] == "best")
+    inp, up = scan_inputs(1, 40, 2, 16, 1, 16, torch.bfloat16, device)
+    _, _, got = triton_grads(inp, up, **{k: best[k] for k in LAUNCH_KEYS})
+    assert_grads_close(got, twin_grads(inp, up)[2], torch.bfloat16)
 
 
 # GPU: the paper's sizes -------------------------------------------------------------------------------------

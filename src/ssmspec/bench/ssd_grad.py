@@ -1,9 +1,9 @@
 """Benchmark of the SSD scan's forward + backward (seed 004, "Forward + Backward"): ``ssd_kernel_fwdbwd``.
 
 Our trainable scan (``ssmspec.ops.ssd_grad.ssd_chunk_scan_trainable``, the call the training forward makes: the
-one-kernel forward that saves checkpoint states, then the one reverse-scan backward kernel) against mamba_ssm's
-``mamba_chunk_scan_combined`` with its autograd backward, in the same run, per mixer size, batch and sequence
-length; goal (P11): >= 2.4x at 32K tokens on forward + backward (seed 004 measured 2.42x on an H200).
+one-kernel forward that saves checkpoint states, then the tile-parallel backward of ``ops/ssd_grad/triton.py``)
+against mamba_ssm's ``mamba_chunk_scan_combined`` with its autograd backward, in the same run, per mixer size,
+batch and sequence length; goal (P11): >= 2.4x at 32K tokens on forward + backward (seed 004 measured 2.42x on an H200).
 
 Two phases per implementation: ``fwd`` is the forward with inputs that require grad (what a training step runs
 first: ours saves its checkpoints, mamba_ssm its tensors), ``fwdbwd`` the forward then ``torch.autograd.grad`` of
@@ -119,6 +119,7 @@ def run_ssd_fwdbwd(cfg: DictConfig) -> Iterator[dict]:
             from ssmspec.ops.ssd_grad.triton import _sm_count, default_launch
             for row in ours.values():
                 row.update(default_launch(L, z["P"], z["N"], itemsize=ctx.dtype.itemsize, chains=bsz * z["H"],
+                                          heads=z["H"], groups=z["G"], bf16=ctx.dtype == torch.bfloat16,
                                           sms=_sm_count(torch.device(ctx.device))))
         big = bsz * L * z["H"] * z["P"] >= 2 ** 31
         if chunk_m is None:

@@ -49,5 +49,5 @@ def plot_ssd_fwdbwd(df: pd.DataFrame, out: Path) -> None:
                 axr.annotate(note, (r["seqlen"], r["speedup"]), fontsize=6, textcoords="offset points",
                              xytext=(3, 3))
         speedup_axis(axr, bool(len(sp)), GOAL, f"{model}: forward + backward")
-    _finish(fig, data, "SSD scan forward + backward: one reverse-scan kernel vs mamba_chunk_scan_combined (seed 004)",
+    _finish(fig, data, "SSD scan forward + backward: tile-parallel backward vs mamba_chunk_scan_combined (seed 004)",
             out)

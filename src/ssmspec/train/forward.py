@@ -7,7 +7,7 @@ state. Three things differ from inference:
 * the per-step constants are rebuilt from the module's parameters on every call: ``Mamba2Mixer.params()``
   caches A = -exp(A_log) under ``no_grad`` (an inference cache), which would cut A_log out of the graph;
 * the Mamba-2 scan is ``ops.ssd_grad.ssd_chunk_scan_trainable``: on CUDA the one-kernel Triton forward and its
-  reverse-scan backward (seed 004), elsewhere autograd through the same fp32 reference inference runs on CPU.
+  tile-parallel backward (seed 004), elsewhere autograd through the same fp32 reference inference runs on CPU.
   ``mamba_prefill`` is ``run_prefill``'s conv and scan with that one call swapped;
 * attention is ``CausalAttention``: causal SDPA over the call's own keys, no KV cache to write.
 

@@ -1,6 +1,6 @@
 """The Mamba-2 sequence scan with a backward, for training: the one-kernel forward of ``ops/ssd`` that also saves
-checkpoint states, and its reverse-scan backward (``triton.py``, seed 004) on CUDA; autograd through the fp32
-reference (``naive.py``) elsewhere. Inference keeps calling ``ops.ssd.ssd_chunk_scan`` (no states saved)."""
+checkpoint states, and its tile-parallel backward (``triton.py``: a dS pass, then per-tile kernels) on CUDA;
+autograd through the fp32 reference (``naive.py``) elsewhere. Inference keeps calling ``ops.ssd.ssd_chunk_scan`` (no states saved)."""
 from __future__ import annotations
 
 from torch import Tensor

@@ -1,46 +1,62 @@
-"""The backward of the one-kernel SSD scan (seed 004, "Forward + Backward"): one reverse scan over the sequence.
+"""The trainable one-kernel SSD scan (seed 004, "Forward + Backward"): a sequential forward that saves states,
+and a backward whose tile work is parallel across the sequence. Kernels in ``kernels.py``.
 
 Forward (``_fwd_save_kernel``): the tile loop of ``ops/ssd/triton.py`` -- one program per chain (sequence b,
 head h, BLOCK_P rows of P), the fp32 state S (BP, N) carried in registers from tile to tile -- that also
-stores the state entering every ``checkpoint`` tokens into ``states`` (B, H, cdiv(L, checkpoint), P, N) fp32.
-Seed 004's sequential variant saves one state per tile boundary and replays from it; we save one per
-checkpoint (a whole number of forward tiles, by default so that the states take no more bytes than x) and the
-backward replays the carry from it to the tile it needs. Saving in the forward rather than recomputing every
-state in the backward: a training forward is always followed by its backward, and the states leave the
-forward's registers anyway, so writing one every few tiles costs at most one more x-sized write; a
-recomputing backward would read x, B and dt one more time and still have to materialize the states before its
-reverse scan (they are needed in the reverse order they are made). mamba_ssm's combined scan recomputes its
-chunk states in its backward (two more launches); with checkpoints of ``checkpoint`` tokens our replay is a
-few carries per checkpoint inside the backward kernel, no extra launch.
+stores the state entering every ``checkpoint`` tokens into ``states`` (B, H, cdiv(L, checkpoint), P, N) (by
+default no more bytes than x). A training forward is always followed by its backward, and the states
+leave the forward's registers anyway, so writing one every few tiles costs at most one more x-sized write.
 
-Backward (``_bwd_kernel``): one program per chain walks the tiles from the last to the first, carrying
-dS = dLoss/d(state leaving the tile), (BP, N) fp32, from the final state's gradient (zero when none). Per tile
-of T tokens, with S the state entering it (the checkpoint, replayed forward through the tiles between),
-cum_t = Σ_{i<=t} A·dt_i, e_t = exp(cum_t), M_tj = exp(cum_t - cum_j) for j <= t (0 above), w_j = exp(cum_T -
-cum_j)·dt_j, and the forward maths of ``ops/ssd/triton.py`` (y_t = e_t·S C_t + Σ_j M_tj dt_j (C_t·B_j) x_j +
-D x_t, S' = exp(cum_T) S + Σ_j w_j x_j B_jᵀ), the chain rule gives, every product a ``tl.dot``:
+Backward, three launches (plus torch sums of small partials):
+
+1. ``_bwd_dstate_kernel``, one program per (P block, b, h): the reverse carry alone, dS = dLoss/d(state), from
+   the final state's gradient (zero when none) down the sequence in tiles of ``pass_block_t`` tokens,
+   dS <- exp(cum_T)·dS + Σ_t e_t dy_t C_tᵀ (one (BP, T) x (T, N) product a tile), storing dS leaving every
+   chunk of ``dcheckpoint`` tokens into ``dstates`` (B, H, cdiv(L, dcheckpoint), P, N); dS entering token 0 is
+   the initial state's gradient (fp32). This is the only sequential part: a fraction of a tile's products,
+   and linear in P, so it splits P (``block_p``) into more programs at no extra work.
+2. ``_bwd_dx_kernel``, one program per (tile of ``block_t`` tokens, head, b), and 3. ``_bwd_dbc_kernel``, one
+   program per (tile of ``bc_block_t`` tokens x head subset, group, b) -- thousands at training sizes, no
+   carry between them. Each takes S entering its tile (the forward checkpoint at or before it, replayed forward
+   over at most checkpoint / tile - 1 tiles) and dS leaving it (the dS checkpoint at or after it, replayed
+   backward likewise; no replay is compiled where a checkpoint is a tile). Per tile of T tokens, with
+   cum_t = Σ_{i<=t} A·dt_i, e_t = exp(cum_t), M_tj = exp(cum_t - cum_j) for j <= t (0 above),
+   w_j = exp(cum_T - cum_j)·dt_j, and the forward y_t = e_t·S C_t + Σ_j M_tj dt_j (C_t·B_j) x_j + D x_t,
+   S' = exp(cum_T) S + Σ_j w_j x_j B_jᵀ:
 
     dx_j  = Σ_t M_tj dt_j (C_t·B_j) dy_t + D dy_j + w_j·(dS B_j)                  Wᵀ dy + D dy + w ∘ (B dSᵀ)
     Z_tj  = M_tj dt_j (dy_t·x_j)                                                   (T, T)
     dC_t  = e_t·(dy_t S) + Σ_j Z_tj B_j,   dB_j = Σ_t Z_tj C_t + w_j·(x_j dS)
-    dS_in = exp(cum_T)·dS + Σ_t e_t dy_t C_tᵀ                                      the carry of the reverse scan
     dD    = Σ_t dy_t·x_t
     d cum_t = e_t dy_t·(S C_t) + Σ_j R_tj - Σ_i R_it - U_t  (+ exp(cum_T)<dS, S> + Σ_j U_j at the last token)
               with R_tj = M_tj dt_j (C_t·B_j)(dy_t·x_j), U_j = w_j x_j·(dS B_j)
     d a_i = Σ_{t>=i} d cum_t (a_i = A·dt_i),   d dt_i = Σ_t R_ti / dt_i + U_i / dt_i + A·d a_i,   dA = Σ_i dt_i d a_i
 
-(the two quotients are computed without the division). Every term is linear in the P rows, so a chain of one
-P block adds its share: dB, dC (B, L, G, N) and d dt (B, L, H) accumulate in fp32 with atomics where heads of a
-group or P blocks share them, dA and dD (H,) with one atomic per program. The gradient of the initial state is
-dS_in after the first tile.
+   (the quotients are computed without the division). The dx kernel takes dx, d dt, and one dA / dD partial a
+   (b, tile, head), summed by torch: per head, plain stores. The dB / dC kernel loops over the heads of its
+   group (they share B and C): it sums their Z blocks and their state terms e∘(dy S), w∘(x dS), then makes
+   the Z products with B and C once. A program that owns the whole group stores dB, dC in their dtype; with
+   n_sub = (H / G) / heads_per_program > 1 subsets (small grids), each stores its slot of (n_sub, B, L, G, N)
+   fp32 that torch sums, or (``bc_atomic``) adds into one fp32 (B, L, G, N) with atomics.
+
+Why two tile kernels and not one: ptxas (sm_90, Triton 3.9 on a CPU) counted about 1.7 KB of register spills a
+thread for one kernel doing all of it in a loop over a group's heads (the loop keeps its loop-invariant address
+tensors and accumulators live across the whole body), against tens of bytes for each of the two. The split
+costs a second read of x, dy and the states and a second dy·xᵀ product a head. With Triton 3.6 (the GPU
+image's): these kernels 0-0.5 KB at the defaults, the previous backward (one program a chain walking every
+tile backwards: 2 x 128 programs at seed 004's size, a replay of up to three tiles before each tile, atomics
+into dB / dC / d dt from every head and P block) 1.8-2.7 KB, the forward 1-2.2 KB.
+
+States: bf16 for bf16 inputs (``state_bf16``; the forward's final state stays fp32): every use but <dS, S> and
+the replays' start rounds them to bf16 before a product anyway, and the tile kernels read a state and a dS a
+tile, the largest part of their traffic at N = 128.
 
 Precision as in the forward: dot operands in the input dtype with fp32 accumulation (bf16 / fp16: the weights,
-the states and dy·e rounded to that dtype before the tensor-core products), tf32x3 for fp32 inputs; decays,
-cumulative sums, the carried dS and every accumulator fp32.
+the states, dy·e, x·w and the summed Z rounded to that dtype before the tensor-core products), tf32x3 for fp32
+inputs; decays, cumulative sums, the carried dS and every accumulator fp32.
 
-Block sizes are launch options, not autotuned (the kernels write their outputs, and the atomics accumulate:
-an autotuner's repeated launches would add twice). ``_bwd_plan`` holds defaults chosen from register counts,
-not yet measured on a GPU (the ``ssd_kernel_fwdbwd`` experiment times them).
+Launch options (``LAUNCH_KEYS``, ``default_launch``) are not autotuned (an autotuner's repeated launches
+would add the atomics twice); ``python -m ssmspec.bench.ssd_grad_sweep`` times a grid of them.
 """
 from __future__ import annotations
 
@@ -48,224 +64,120 @@ import logging
 
 import torch
 import triton
-import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.ssd.naive import check_ssd_shapes
-from ssmspec.ops.ssd.triton import _blocks, _carry, _check_block, _fallbacks, _mm, _tile_xb
+from ssmspec.ops.ssd.triton import _blocks, _check_block, _fallbacks
+from ssmspec.ops.ssd_grad.kernels import _bwd_dbc_kernel, _bwd_dstate_kernel, _bwd_dx_kernel, _fwd_save_kernel
 from ssmspec.ops.triton_common import check_float, dummy
 
 log = logging.getLogger("ssmspec.ops.ssd_grad")
 
-
-@triton.jit
-def _fwd_save_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr, st_ptr,
-    L, P, N, heads_per_group, ck_len,
-    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n,
-    s0_b, s0_h, s0_p, s0_n, y_b, y_l, y_h, y_p, sf_b, sf_h, sf_p, sf_n, st_b, st_h, st_c, st_p,
-    HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """The forward of ``ops/ssd/triton.py`` (one program per chain), plus the state entering every checkpoint."""
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    g = h // heads_per_group
-    offs_t = tl.arange(0, BLOCK_T)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
-    mask_n = offs_n < N
-    mask_pn = mask_p[:, None] & mask_n[None, :]
-    A = tl.load(A_ptr + h).to(tl.float32)
-    x_base = x_ptr + b * x_b + h * x_h
-    dt_base = dt_ptr + b * dt_b + h * dt_h
-    B_base = B_ptr + b * B_b + g * B_g
-    C_base = C_ptr + b * C_b + g * C_g
-    y_base = y_ptr + b * y_b + h * y_h
-    st_base = st_ptr + b * st_b + h * st_h + offs_p[:, None] * st_p + offs_n[None, :]  # (BP, BN), N contiguous
-    S = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    if HAS_INIT:
-        S = tl.load(s0_ptr + b * s0_b + h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n,
-                    mask=mask_pn, other=0.0).to(tl.float32)
-    causal = offs_t[:, None] >= offs_t[None, :]
-    for t0 in range(0, L, BLOCK_T):
-        if t0 % ck_len == 0:  # the state entering checkpoint t0 / ck_len
-            tl.store(st_base + (t0 // ck_len).to(tl.int64) * st_c, S, mask=mask_pn)
-        tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
-                                           x_l, x_p, dt_l, B_l, B_n)
-        Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
-                     mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN)
-        cum = tl.cumsum(A * dt, axis=0)  # (T,)
-        total = tl.sum(A * dt, axis=0)
-        CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T)
-        W = CB * tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))) * dt[None, :]
-        y = _mm(W.to(xt.dtype), xt, PRECISION, UPCAST)  # (T, BP)
-        y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
-        if HAS_D:
-            y += tl.load(D_ptr + h).to(tl.float32) * xt.to(tl.float32)
-        tl.store(y_base + tok[:, None] * y_l + offs_p[None, :] * y_p, y.to(y_ptr.dtype.element_ty),
-                 mask=mask_t[:, None] & mask_p[None, :])
-        S = _carry(S, xt, Bt, dt, cum, total, PRECISION, UPCAST)
-    tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
-
-
-@triton.jit
-def _bwd_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, st_ptr, dy_ptr, dsf_ptr,
-    dx_ptr, ddt_ptr, dA_ptr, dB_ptr, dC_ptr, dD_ptr, ds0_ptr,
-    L, P, N, heads_per_group, ck_len,
-    x_b, x_l, x_h, x_p, dt_b, dt_l, dt_h, B_b, B_l, B_g, B_n, C_b, C_l, C_g, C_n, st_b, st_h, st_c, st_p,
-    dy_b, dy_l, dy_h, dy_p, dsf_b, dsf_h, dsf_p, dsf_n, dx_b, dx_l, dx_h, dx_p, ddt_b, ddt_l, ddt_h,
-    dB_b, dB_l, dB_g, ds0_b, ds0_h, ds0_p,
-    HAS_D: tl.constexpr, HAS_DSF: tl.constexpr, HAS_INIT: tl.constexpr, ATOMIC_BC: tl.constexpr,
-    ATOMIC_DT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Reverse scan of one chain over its tiles (module docstring). dB / dC share one contiguous (B, L, G, N)
-    layout (N contiguous), states are (B, H, checkpoints, P, N) contiguous, ds0 (B, H, P, N) contiguous."""
-    pid_p = tl.program_id(0)
-    b = tl.program_id(1).to(tl.int64)
-    h = tl.program_id(2).to(tl.int64)
-    g = h // heads_per_group
-    offs_t = tl.arange(0, BLOCK_T)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_p = offs_p < P
-    mask_n = offs_n < N
-    mask_pn = mask_p[:, None] & mask_n[None, :]
-    A = tl.load(A_ptr + h).to(tl.float32)
-    Dh = 0.0
-    if HAS_D:
-        Dh = tl.load(D_ptr + h).to(tl.float32)
-    x_base = x_ptr + b * x_b + h * x_h
-    dt_base = dt_ptr + b * dt_b + h * dt_h
-    B_base = B_ptr + b * B_b + g * B_g
-    C_base = C_ptr + b * C_b + g * C_g
-    st_base = st_ptr + b * st_b + h * st_h + offs_p[:, None] * st_p + offs_n[None, :]
-    dS = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)  # dLoss / d(state leaving the current tile)
-    if HAS_DSF:
-        dS = tl.load(dsf_ptr + b * dsf_b + h * dsf_h + offs_p[:, None] * dsf_p + offs_n[None, :] * dsf_n,
-                     mask=mask_pn, other=0.0).to(tl.float32)
-    causal = offs_t[:, None] >= offs_t[None, :]
-    dA_acc = 0.0
-    dD_acc = 0.0
-    n_tiles = tl.cdiv(L, BLOCK_T)
-    for i in range(0, n_tiles):
-        t0 = (n_tiles - 1 - i) * BLOCK_T
-        ck0 = (t0 // ck_len) * ck_len  # the checkpoint at or before the tile; replay the carry from it
-        S = tl.load(st_base + (t0 // ck_len).to(tl.int64) * st_c, mask=mask_pn, other=0.0)  # (BP, BN) fp32
-        for r0 in range(ck0, t0, BLOCK_T):
-            _, _, dtr, xr, Br = _tile_xb(x_base, dt_base, B_base, r0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
-                                         x_l, x_p, dt_l, B_l, B_n)
-            S = _carry(S, xr, Br, dtr, tl.cumsum(A * dtr, axis=0), tl.sum(A * dtr, axis=0), PRECISION, UPCAST)
-        tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, L, offs_t, offs_p, offs_n, mask_p, mask_n,
-                                           x_l, x_p, dt_l, B_l, B_n)
-        mask_tn = mask_t[:, None] & mask_n[None, :]
-        mask_tp = mask_t[:, None] & mask_p[None, :]
-        Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n, mask=mask_tn, other=0.0).to(xt.dtype)
-        dyt = tl.load(dy_ptr + b * dy_b + h * dy_h + tok[:, None] * dy_l + offs_p[None, :] * dy_p, mask=mask_tp,
-                      other=0.0).to(xt.dtype)  # (T, BP)
-        cum = tl.cumsum(A * dt, axis=0)  # (T,)
-        total = tl.sum(A * dt, axis=0)  # cum_T (tokens past L have dt = 0)
-        e = tl.exp(cum)  # (T,)
-        w0 = tl.exp(total - cum)  # (T,) decay from token j to the tile's end; w = w0·dt
-        S_lo = S.to(xt.dtype)
-        dS_lo = dS.to(xt.dtype)
-        # the (T, T) blocks first, reduced as soon as they are made (they dominate the registers)
-        M = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))  # (T, T), 0 above the diagonal
-        CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST) * M  # (T, T) M_tj·(C_t·B_j)
-        dyx = _mm(dyt, tl.trans(xt), PRECISION, UPCAST)  # (T, T) dy_t·x_j
-        Rp = CB * dyx  # (T, T) R_tj / dt_j
-        r_col = tl.sum(Rp, axis=0)  # (T,) Σ_t R_tj / dt_j: the direct part of d dt_j
-        r_row = tl.sum(Rp * dt[None, :], axis=1)  # (T,) Σ_j R_tj
-        dx = _mm(tl.trans((CB * dt[None, :]).to(xt.dtype)), dyt, PRECISION, UPCAST)  # (T, BP) Wᵀ dy
-        Z = (M * dyx * dt[None, :]).to(xt.dtype)  # (T, T)
-        dC = _mm(Z, Bt, PRECISION, UPCAST) + e[:, None] * _mm(dyt, S_lo, PRECISION, UPCAST)  # (T, BN)
-        dB = _mm(tl.trans(Z), Ct, PRECISION, UPCAST)  # (T, BN), the state's term below
-        # the state's terms: w_j·(dS B_j) in dx, w_j·(x_j dS) in dB; the skip D·dy
-        BdS = _mm(Bt, tl.trans(dS_lo), PRECISION, UPCAST)  # (T, BP) dS B_j
-        dx += (w0 * dt)[:, None] * BdS
-        dB += (w0 * dt)[:, None] * _mm(xt, dS_lo, PRECISION, UPCAST)
-        if HAS_D:
-            dx += Dh * dyt.to(tl.float32)
-            dD_acc += tl.sum(tl.sum(dyt.to(tl.float32) * xt.to(tl.float32), axis=1), axis=0)
-        tl.store(dx_ptr + b * dx_b + h * dx_h + tok[:, None] * dx_l + offs_p[None, :] * dx_p,
-                 dx.to(dx_ptr.dtype.element_ty), mask=mask_tp)
-        bc_off = b * dB_b + g * dB_g + tok[:, None] * dB_l + offs_n[None, :]
-        if ATOMIC_BC:
-            tl.atomic_add(dB_ptr + bc_off, dB, mask=mask_tn)
-            tl.atomic_add(dC_ptr + bc_off, dC, mask=mask_tn)
-        else:
-            tl.store(dB_ptr + bc_off, dB, mask=mask_tn)
-            tl.store(dC_ptr + bc_off, dC, mask=mask_tn)
-        # d cum, then d a by a reverse cumulative sum, d dt and dA
-        CS = _mm(Ct, tl.trans(S_lo), PRECISION, UPCAST)  # (T, BP) S C_t
-        u = tl.sum(xt.to(tl.float32) * BdS, axis=1)  # (T,) x_j·(dS B_j)
-        U = w0 * dt * u  # (T,)
-        dcum = e * tl.sum(dyt.to(tl.float32) * CS, axis=1) + r_row - r_col * dt - U
-        dtotal = tl.exp(total) * tl.sum(tl.sum(dS * S, axis=1), axis=0) + tl.sum(U, axis=0)
-        da = tl.sum(dcum, axis=0) - tl.cumsum(dcum, axis=0) + dcum + dtotal  # (T,) Σ_{t>=i} d cum_t
-        ddt = r_col + w0 * u + A * da
-        dA_acc += tl.sum(dt * da, axis=0)
-        ddt_ptrs = ddt_ptr + b * ddt_b + h * ddt_h + tok * ddt_l
-        if ATOMIC_DT:
-            tl.atomic_add(ddt_ptrs, ddt, mask=mask_t)
-        else:
-            tl.store(ddt_ptrs, ddt, mask=mask_t)
-        # the reverse carry: dS entering the tile
-        dye = (dyt.to(tl.float32) * e[:, None]).to(xt.dtype)  # (T, BP)
-        dS = dS * tl.exp(total) + _mm(tl.trans(dye), Ct, PRECISION, UPCAST)
-    if HAS_INIT:
-        tl.store(ds0_ptr + b * ds0_b + h * ds0_h + offs_p[:, None] * ds0_p + offs_n[None, :], dS, mask=mask_pn)
-    tl.atomic_add(dA_ptr + h, dA_acc)
-    if HAS_D:
-        tl.atomic_add(dD_ptr + h, dD_acc)
+LAUNCH_KEYS = ("fwd_block_t", "fwd_block_p", "fwd_num_warps", "checkpoint", "block_t", "num_warps", "num_stages",
+               "bc_block_t", "bc_num_warps", "heads_per_program", "bc_atomic", "dcheckpoint", "block_p",
+               "pass_block_t", "pass_num_warps", "pass_num_stages", "state_bf16")
 
 
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
-def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sms: int = 0) -> dict:
-    """The launch options of a call that gives none (``chains``: batch x heads; ``sms``: the GPU's SMs, 0 on CPU).
+def _pow2(v: int) -> int:
+    return triton.next_power_of_2(max(int(v), 1))
 
-    Forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain).
-    Backward: 64-token tiles (a tile holds about twice the forward's live (T, T) and (T, N) blocks, so half the
-    forward's tile keeps them in registers), all of P up to 64 rows, halved (down to 16) while there are fewer
-    programs than SMs (seed 004's 16 x 8 chains on 132 SMs: 32 rows, 256 programs); 8 warps once a
-    program holds a 64 x 128 state block twice (S and dS), 4 below. Checkpoints: the fewest tokens, a whole
-    number of both tiles, at which the fp32 states take no more bytes than x (4·N / itemsize tokens: N = 128
-    in bf16 saves every 256 tokens). Register counts, not GPU measurements: ``ssd_kernel_fwdbwd`` times them."""
+
+def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sms: int = 0, heads: int = 1,
+                   groups: int = 1, bf16: bool = False, **given) -> dict:
+    """Every launch option of a call (``LAUNCH_KEYS``): those ``given``, the rest from them and the shape
+    (``chains``: batch x heads, ``heads`` / ``groups``: H and G, ``sms``: the GPU's SMs, 0 on CPU). Chosen from
+    ptxas register and spill counts (sm_90, compiled on a CPU) and grid sizes, not GPU timings
+    (``python -m ssmspec.bench.ssd_grad_sweep`` times them):
+
+    - forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain);
+    - states in bf16 for bf16 inputs (``state_bf16``), fp32 otherwise;
+    - checkpoint: the fewest tokens, a whole number of every tile, at which the states take no more bytes
+      than x (bf16 states: N tokens, so 128 for N = 64 and N = 128 with 128-token forward tiles; fp32 states
+      of bf16 inputs: 2·N); dcheckpoint: the same;
+    - dx kernel: 64-token tiles at 8 warps (4 warps spill), all of P, one stage; dB / dC kernel the same
+      tile and warps, the whole group of heads a program (dB / dC stored once, in their dtype) unless tiles x
+      groups x batch leave fewer than 8 programs an SM, then the fewest head subsets (a divisor of H / G) that
+      reach it, summed from fp32 slots;
+    - dS pass: all of P, halved (down to 16) while the chains x P blocks are fewer than 4 an SM; tiles of up
+      to 128 tokens (a divisor of dcheckpoint) at 4 warps, or 64 tokens at 8 warps once a P block x N reaches
+      64 x 128 (the others spill); 2 stages.
+
+    ptxas (Triton 3.6, sm_90, bf16) spills at these defaults: the dx kernel 56 B / 0.3 KB at N = 64 / 128
+    (with replays), the dB / dC kernel 0 / 0.5 KB, the dS pass 0 / 24 B; the forward 1 KB / 2.2 KB."""
+    o = {k: int(v) for k, v in given.items() if v is not None}
     bt_f, bp_f, nw_f = _blocks(L, P, N)
-    bt = min(64, max(16, triton.next_power_of_2(max(L, 1))))
-    bp = min(64, max(16, triton.next_power_of_2(P)))
-    while sms and bp > 16 and chains * -(-P // bp) < sms:
+    o.setdefault("fwd_block_t", bt_f)
+    o.setdefault("fwd_block_p", bp_f)
+    o.setdefault("fwd_num_warps", nw_f)
+    o.setdefault("block_t", min(64, max(16, _pow2(L))))
+    o.setdefault("bc_block_t", o["block_t"])
+    o.setdefault("state_bf16", int(bf16))
+    o["state_bf16"] = int(bool(o["state_bf16"]) and bf16)
+    state_bytes = 2 if o["state_bf16"] else 4
+    o.setdefault("checkpoint", max(o["fwd_block_t"], o["block_t"], o["bc_block_t"],
+                                   _pow2(-(-state_bytes * N // itemsize))))
+    o.setdefault("dcheckpoint", max(o["checkpoint"], o["block_t"], o["bc_block_t"]))
+    o.setdefault("num_warps", 8)
+    o.setdefault("bc_num_warps", o["num_warps"])
+    o.setdefault("num_stages", 1)
+    hpg = max(heads // max(groups, 1), 1)
+    if "heads_per_program" not in o:
+        progs = max(chains // max(heads, 1), 1) * groups * triton.cdiv(max(L, 1), o["bc_block_t"])
+        n_sub = next((d for d in range(1, hpg + 1) if hpg % d == 0 and progs * d >= 8 * sms), hpg) if sms else 1
+        o["heads_per_program"] = hpg // n_sub
+    o.setdefault("bc_atomic", 0)
+    bp = max(16, _pow2(P))
+    while sms and bp > 16 and chains * -(-P // bp) < 4 * sms:
         bp //= 2
-    bn = max(16, triton.next_power_of_2(N))
-    nw = 8 if bp * bn >= 64 * 128 else 4
-    ck = max(bt_f, bt, triton.next_power_of_2(-(-4 * N // itemsize)))
-    return dict(fwd_block_t=bt_f, fwd_block_p=bp_f, fwd_num_warps=nw_f, block_t=bt, block_p=bp, num_warps=nw,
-                checkpoint=ck)
+    o.setdefault("block_p", bp)
+    dck, big = o["dcheckpoint"], o["block_p"] * max(16, _pow2(N)) >= 64 * 128
+    o.setdefault("pass_block_t", max(16, min(64 if big else 128, dck & -dck, _pow2(L))))
+    o.setdefault("pass_num_warps", 8 if big else 4)
+    o.setdefault("pass_num_stages", 2)
+    return o
 
 
-def _launch(kernel, grid, args: tuple, consts: dict, bt: int, nw: int, stages: int, step_down: bool) -> None:
-    """Launch at (BLOCK_T, num_warps, num_stages); with ``step_down`` (no option given) a GPU that cannot hold
-    them (Triton's OutOfResources at the first launch) gets ``ops/ssd/triton.py:_fallbacks``: one stage fewer,
-    then halved tiles, which still divide the checkpoint. Options given are launched as given."""
+def _check_launch(o: dict, H: int, G: int) -> None:
+    for k in ("fwd_block_t", "fwd_block_p", "block_t", "bc_block_t", "block_p", "pass_block_t"):
+        _check_block(k, o[k])
+    tiles = {k: o[k] for k in ("fwd_block_t", "block_t", "bc_block_t")}
+    if o["checkpoint"] < 1 or any(o["checkpoint"] % t for t in tiles.values()):
+        raise ValueError(f"checkpoint must be a positive multiple of {tiles}, got {o['checkpoint']}")
+    tiles = {k: o[k] for k in ("block_t", "bc_block_t", "pass_block_t")}
+    if o["dcheckpoint"] < 1 or any(o["dcheckpoint"] % t for t in tiles.values()):
+        raise ValueError(f"dcheckpoint must be a positive multiple of {tiles}, got {o['dcheckpoint']}")
+    hpp = o["heads_per_program"]
+    if H and (hpp < 1 or (H // G) % hpp):
+        raise ValueError(f"heads_per_program must divide the heads of a group ({H // G}), got {hpp}")
+
+
+def _launch(kernel, make, bt: int, nw: int, stages: int, step_down: bool) -> None:
+    """Launch at (BLOCK_T, num_warps, num_stages); ``make(BLOCK_T)`` gives (grid, args, consts). With
+    ``step_down`` (no option given) a GPU that cannot hold them (Triton's OutOfResources at the first launch)
+    gets ``ops/ssd/triton.py:_fallbacks``: one stage fewer, then halved tiles, which still divide the
+    checkpoints. Options given are launched as given; a failed launch has written nothing."""
     tries = _fallbacks(bt, nw, stages) if step_down else [(bt, nw, stages)]
     for i, (t, w, st) in enumerate(tries):
+        grid, args, consts = make(t)
         try:
             kernel[grid](*args, **consts, BLOCK_T=t, num_warps=w, num_stages=st)
             return
         except OutOfResources:
             if i == len(tries) - 1:
                 raise
-            log.warning("%s: BLOCK_T=%d, %d warps, %d stages do not fit this GPU; trying %s", getattr(kernel, "fn", kernel).__name__,
-                        t, w, st, tries[i + 1])
+            log.warning("%s: BLOCK_T=%d, %d warps, %d stages do not fit this GPU; trying %s",
+                        getattr(kernel, "fn", kernel).__name__, t, w, st, tries[i + 1])
+
+
+def _state_dtype(launch: dict) -> torch.dtype:
+    """The saved states' and dS checkpoints' dtype: bf16 with ``state_bf16`` (bf16 inputs only), else fp32."""
+    return torch.bfloat16 if launch["state_bf16"] else torch.float32
 
 
 def _consts(x: Tensor) -> dict:
@@ -282,7 +194,7 @@ def ssd_forward_save(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
     ck, bt, bp = launch["checkpoint"], launch["fwd_block_t"], launch["fwd_block_p"]
     y = torch.empty(bsz, L, H, P, dtype=x.dtype, device=x.device)
     final = torch.empty(bsz, H, P, N, dtype=torch.float32, device=x.device)
-    states = torch.empty(bsz, H, triton.cdiv(L, ck), P, N, dtype=torch.float32, device=x.device)
+    states = torch.empty(bsz, H, triton.cdiv(L, ck), P, N, dtype=_state_dtype(launch), device=x.device)
     if bsz == 0 or H == 0:
         return y, final, states
     strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
@@ -291,8 +203,8 @@ def ssd_forward_save(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: 
             states, L, P, N, H // G, ck, *strides)
     consts = dict(HAS_D=D is not None, HAS_INIT=s0 is not None, **_consts(x), BLOCK_P=bp,
                   BLOCK_N=max(16, triton.next_power_of_2(N)))
-    _launch(_fwd_save_kernel, (triton.cdiv(P, bp), bsz, H), args, consts, bt, launch["fwd_num_warps"], 2,
-            launch["step_down"])
+    _launch(_fwd_save_kernel, lambda t: ((triton.cdiv(P, bp), bsz, H), args, consts), bt, launch["fwd_num_warps"],
+            2, launch["step_down"])
     return y, final, states
 
 
@@ -303,39 +215,67 @@ def ssd_backward(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tens
     y (B, L, H, P) and of the final state (B, H, P, N); either may be None (zero)."""
     bsz, L, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    bt, bp, ck = launch["block_t"], launch["block_p"], launch["checkpoint"]
-    n_pblk = triton.cdiv(P, bp)
-    atomic_bc, atomic_dt = H != G or n_pblk > 1, n_pblk > 1
+    ck, dck, hpp = launch["checkpoint"], launch["dcheckpoint"], launch["heads_per_program"]
+    n_sub = (H // G) // hpp if H else 1
+    atomic = bool(launch["bc_atomic"]) and n_sub > 1
     dev, f32 = x.device, torch.float32
+    bn = max(16, triton.next_power_of_2(N))
     if dy is None:
         dy = x.new_zeros(()).expand(x.shape)  # only the final state was used: stride-0 zeros, nothing allocated
     dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-    ddt = (torch.zeros if atomic_dt else torch.empty)(bsz, L, H, dtype=f32, device=dev)
-    dB = (torch.zeros if atomic_bc else torch.empty)(bsz, L, G, N, dtype=f32, device=dev)
-    dC = (torch.zeros if atomic_bc else torch.empty)(bsz, L, G, N, dtype=f32, device=dev)
-    dA = torch.zeros(H, dtype=f32, device=dev)
-    dD = torch.zeros(H, dtype=f32, device=dev)
+    ddt = torch.empty(bsz, L, H, dtype=f32, device=dev)
     ds0 = torch.empty(bsz, H, P, N, dtype=f32, device=dev)
+    dstates = torch.empty(bsz, H, triton.cdiv(L, dck), P, N, dtype=_state_dtype(launch), device=dev)
+    # dB, dC: stored in B's / C's dtype by one program a group; fp32 slots a head subset, summed; or fp32 atomics
+    shape_bc = (bsz, L, G, N) if atomic else (n_sub, bsz, L, G, N)
+    bc_dtype = B.dtype if n_sub == 1 and B.dtype == C.dtype else f32
+    dB = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=bc_dtype, device=dev)
+    dC = (torch.zeros if atomic else torch.empty)(shape_bc, dtype=bc_dtype, device=dev)
+    parts = {}  # BLOCK_T -> the dA / dD partials (2, B, tiles, H) of that tile
     if bsz and H:
-        strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *states.stride()[:4], *dy.stride(),
-                   *(dfinal.stride() if dfinal is not None else (0,) * 4), *dx.stride(), *ddt.stride(),
-                   *dB.stride()[:3], *ds0.stride()[:3])
-        args = (x, dt, A, B, C, D if D is not None else dummy(A), states, dy,
-                dfinal if dfinal is not None else dummy(dA), dx, ddt, dA, dB, dC, dD, ds0, L, P, N, H // G, ck,
-                *strides)
-        consts = dict(HAS_D=D is not None, HAS_DSF=dfinal is not None, HAS_INIT=s0 is not None,
-                      ATOMIC_BC=atomic_bc, ATOMIC_DT=atomic_dt, **_consts(x), BLOCK_P=bp,
-                      BLOCK_N=max(16, triton.next_power_of_2(N)))
-        # a failed launch has written nothing: the atomics only run in a launch that fits
-        _launch(_bwd_kernel, (n_pblk, bsz, H), args, consts, bt, launch["num_warps"], 1, launch["step_down"])
+        cst = _consts(x)
+        bp, bpp = launch["block_p"], max(16, triton.next_power_of_2(P))
+        args = (x, dt, A, C, dy, dfinal if dfinal is not None else dummy(ds0), dstates, ds0, L, P, N, H // G, dck,
+                *dt.stride(), *C.stride(), *dy.stride(), *(dfinal.stride() if dfinal is not None else (0,) * 4),
+                *dstates.stride()[:4], *ds0.stride()[:3])
+        consts = dict(HAS_DSF=dfinal is not None, HAS_INIT=s0 is not None, **cst, BLOCK_P=bp, BLOCK_N=bn)
+        _launch(_bwd_dstate_kernel, lambda t: ((triton.cdiv(P, bp), bsz, H), args, consts), launch["pass_block_t"],
+                launch["pass_num_warps"], launch["pass_num_stages"], launch["step_down"])
+        common = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *states.stride()[:4], *dstates.stride()[:3],
+                  *dy.stride())
+
+        def make_dx(t: int):
+            parts[t] = torch.zeros(2, bsz, triton.cdiv(L, t), H, dtype=f32, device=dev)
+            a = (x, dt, A, B, C, D if D is not None else dummy(A), states, dstates, dy, dx, ddt, parts[t][0],
+                 parts[t][1], L, P, N, H // G, ck, dck, *common, *dx.stride(), *ddt.stride(), *parts[t].stride()[1:3])
+            c = dict(HAS_D=D is not None, REPLAY_S=ck > t, REPLAY_DS=dck > t, **cst, BLOCK_P=bpp, BLOCK_N=bn)
+            return (triton.cdiv(L, t), H, bsz), a, c
+
+        def make_bc(t: int):
+            a = (x, dt, A, B, C, states, dstates, dy, dB, dC, torch.zeros(hpp, dtype=torch.int32, device=dev), L, P,
+                 N, H // G, hpp, n_sub, ck, dck, *common, *((0, *dB.stride()[:3]) if atomic else dB.stride()[:4]))
+            c = dict(ATOMIC_BC=atomic, REPLAY_S=ck > t, REPLAY_DS=dck > t, **cst, BLOCK_P=bpp, BLOCK_N=bn)
+            return (triton.cdiv(L, t) * n_sub, G, bsz), a, c
+
+        if L:
+            _launch(_bwd_dx_kernel, make_dx, launch["block_t"], launch["num_warps"], launch["num_stages"],
+                    launch["step_down"])
+            _launch(_bwd_dbc_kernel, make_bc, launch["bc_block_t"], launch["bc_num_warps"], launch["num_stages"],
+                    launch["step_down"])
     elif dfinal is not None and s0 is not None:  # no chains: nothing to scan (kept for shape completeness)
         ds0.copy_(dfinal)
+    if not atomic:
+        dB, dC = (t.sum(0) if n_sub > 1 else t[0] for t in (dB, dC))
+    if parts:
+        dA, dD = parts.popitem()[1].sum((1, 2))
+    else:
+        dA = dD = torch.zeros(H, dtype=f32, device=dev)
     return (dx, ddt.to(dt.dtype), dA.to(A.dtype), dB.to(B.dtype), dC.to(C.dtype),
             dD.to(D.dtype) if D is not None else None, ds0.to(s0.dtype) if s0 is not None else None)
 
 
 class SSDScanFunction(torch.autograd.Function):
-    """(y, final state) of the one-kernel scan with its reverse-scan backward; saves the inputs and the
+    """(y, final state) of the one-kernel scan with its chunk-parallel backward; saves the inputs and the
     checkpoint states (module docstring)."""
 
     @staticmethod
@@ -353,30 +293,26 @@ class SSDScanFunction(torch.autograd.Function):
         return (*grads, None)
 
 
-LAUNCH_KEYS = ("fwd_block_t", "fwd_block_p", "fwd_num_warps", "block_t", "block_p", "num_warps", "checkpoint")
-
-
 def ssd_chunk_scan_grad_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                                initial_state: Tensor | None = None, **launch) -> tuple[Tensor, Tensor]:
     """Differentiable one-kernel SSD scan. x (B, L, H, P); dt (B, L, H) discretized; A (H,); B, C (B, L, G, N),
     head h reads group h // (H / G); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
     Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32; their backward returns gradients
     for every tensor argument in its dtype. ``launch``: any of ``LAUNCH_KEYS`` (``default_launch`` fills the
-    rest): the forward's tile, P block and warps, the backward's, and ``checkpoint``, the tokens between saved
-    states (a multiple of both tiles). The result does not depend on them up to rounding."""
+    rest): the forward's tile, P block and warps; ``checkpoint``, the tokens between saved states (a multiple
+    of fwd_block_t and block_t); the chunk kernel's tile ``block_t``, warps, stages, ``heads_per_program`` (a
+    divisor of H / G) and ``bc_atomic``; the dS pass's ``dcheckpoint`` (a multiple of block_t and
+    pass_block_t), P block ``block_p``, tile, warps and stages. The result does not depend on them up to
+    rounding."""
     bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
     for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         check_float(name, t)
     unknown = sorted(set(launch) - set(LAUNCH_KEYS))
     if unknown:
         raise ValueError(f"unknown launch options {unknown}; choose from {', '.join(LAUNCH_KEYS)}")
-    opts = default_launch(L, P, N, itemsize=x.element_size(), chains=bsz * H, sms=_sm_count(x.device))
-    given = {k: int(v) for k, v in launch.items() if v is not None}
-    opts.update(given, step_down=not given)
-    for k in ("fwd_block_t", "fwd_block_p", "block_t", "block_p"):
-        _check_block(k, opts[k])
-    ck = opts["checkpoint"]
-    if ck < 1 or ck % opts["fwd_block_t"] or ck % opts["block_t"]:
-        raise ValueError(f"checkpoint must be a positive multiple of fwd_block_t ({opts['fwd_block_t']}) and "
-                         f"block_t ({opts['block_t']}), got {ck}")
+    given = {k: v for k, v in launch.items() if v is not None}
+    opts = default_launch(L, P, N, itemsize=x.element_size(), chains=bsz * H, sms=_sm_count(x.device), heads=H,
+                          groups=G, bf16=x.dtype == torch.bfloat16, **given)
+    _check_launch(opts, H, G)
+    opts["step_down"] = not given
     return SSDScanFunction.apply(x, dt, A, B, C, D, initial_state, opts)
