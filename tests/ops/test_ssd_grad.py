@@ -231,12 +231,16 @@ def test_default_launch():
     from ssmspec.ops.ssd_grad.triton import default_launch
     seed004 = default_launch(32768, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)
     assert (seed004["block_p"], seed004["checkpoint"], seed004["dcheckpoint"], seed004["fwd_block_t"],
-            seed004["block_t"], seed004["heads_per_program"], seed004["pass_block_t"]) == (16, 128, 128, 128, 64, 8, 128)
+            seed004["block_t"], seed004["heads_per_program"], seed004["pass_block_t"]) == (16, 128, 128, 64, 64, 8, 128)
+    seed004_16 = default_launch(32768, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1, bf16=True)
+    assert (seed004_16["checkpoint"], seed004_16["fwd_block_p"], seed004_16["bc_block_t"],
+            seed004_16["bc_num_warps"], seed004_16["pass_block_t"]) == (64, 32, 64, 4, 64)
     assert default_launch(2048, 64, 64, itemsize=2, chains=16 * 8, sms=132, heads=8, groups=1)["heads_per_program"] == 2
     nemo = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8)
-    assert (nemo["block_p"], nemo["checkpoint"], nemo["num_warps"], nemo["heads_per_program"]) == (64, 256, 8, 14)
+    assert (nemo["block_p"], nemo["checkpoint"], nemo["num_warps"], nemo["heads_per_program"]) == (32, 256, 4, 14)
     nemo16 = default_launch(32768, 64, 128, itemsize=2, chains=16 * 112, sms=132, heads=112, groups=8, bf16=True)
-    assert (nemo16["state_bf16"], nemo16["checkpoint"], nemo16["pass_block_t"], nemo16["pass_num_warps"]) == (1, 128, 64, 8)
+    assert (nemo16["state_bf16"], nemo16["checkpoint"], nemo16["bc_block_t"], nemo16["pass_block_t"],
+            nemo16["pass_num_warps"]) == (1, 128, 128, 128, 8)
     assert nemo["state_bf16"] == 0  # fp16 or fp32 inputs: fp32 states
     short = default_launch(20, 16, 8, itemsize=4)
     assert (short["fwd_block_t"], short["block_t"], short["checkpoint"], short["pass_block_t"]) == (32, 32, 32, 32)

@@ -69,7 +69,7 @@ from triton.runtime.errors import OutOfResources
 
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.ssd.naive import check_ssd_shapes
-from ssmspec.ops.ssd.triton import _blocks, _check_block, _fallbacks
+from ssmspec.ops.ssd.triton import _check_block, _fallbacks
 from ssmspec.ops.ssd_grad.kernels import _bwd_dbc_kernel, _bwd_dstate_kernel, _bwd_dx_kernel, _fwd_save_kernel
 from ssmspec.ops.triton_common import check_float, dummy
 
@@ -92,40 +92,41 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
                    groups: int = 1, bf16: bool = False, **given) -> dict:
     """Every launch option of a call (``LAUNCH_KEYS``): those ``given``, the rest from them and the shape
     (``chains``: batch x heads, ``heads`` / ``groups``: H and G, ``sms``: the GPU's SMs, 0 on CPU). Chosen from
-    ptxas register and spill counts (sm_90, compiled on a CPU) and grid sizes, not GPU timings
-    (``python -m ssmspec.bench.ssd_grad_sweep`` times them):
+    ``python -m ssmspec.bench.ssd_grad_sweep`` on one H200 (Triton 3.6, bf16, batch 16, 8K and 32K tokens; a
+    coordinate descent from the ptxas-chosen defaults of 8eeb0e9, which it made 1.77-1.84x faster), one rule per
+    state width where the best configurations differed:
 
-    - forward: ``ops/ssd/triton.py:_blocks`` (seed 004's 128-token tiles at 8 warps; one program per chain);
-    - states in bf16 for bf16 inputs (``state_bf16``), fp32 otherwise;
-    - checkpoint: the fewest tokens, a whole number of every tile, at which the states take no more bytes
-      than x (bf16 states: N tokens, so 128 for N = 64 and N = 128 with 128-token forward tiles; fp32 states
-      of bf16 inputs: 2·N); dcheckpoint: the same;
-    - dx kernel: 64-token tiles at 8 warps (4 warps spill), all of P, one stage; dB / dC kernel the same
-      tile and warps, the whole group of heads a program (dB / dC stored once, in their dtype) unless tiles x
+    - forward: 64-token tiles at 4 warps; P blocks of 32 rows at N <= 64 (seed 004's P = N = 64: 6.50 ms at
+      32K against 6.68 ms with 64 rows), all of P (up to 64) above;
+    - states in bf16 for bf16 inputs (``state_bf16``; fp32 states were slower at every shape), fp32 otherwise;
+    - dx kernel: 64-token tiles at 4 warps, 2 stages (at N = 128: 108 ms with 4 warps against 139 ms with 8);
+    - dB / dC kernel: 128-token tiles at 8 warps at N >= 128 (93 ms against 98 ms at 64 tokens), 64-token tiles
+      at 4 warps below (a given ``block_t`` sets both tiles); the whole group of heads a program (dB / dC stored once, in their dtype) unless tiles x
       groups x batch leave fewer than 8 programs an SM, then the fewest head subsets (a divisor of H / G) that
       reach it, summed from fp32 slots;
-    - dS pass: all of P, halved (down to 16) while the chains x P blocks are fewer than 4 an SM; tiles of up
-      to 128 tokens (a divisor of dcheckpoint) at 4 warps, or 64 tokens at 8 warps once a P block x N reaches
-      64 x 128 (the others spill); 2 stages.
-
-    ptxas (Triton 3.6, sm_90, bf16) spills at these defaults: the dx kernel 56 B / 0.3 KB at N = 64 / 128
-    (with replays), the dB / dC kernel 0 / 0.5 KB, the dS pass 0 / 24 B; the forward 1 KB / 2.2 KB."""
+    - checkpoint: the fewest tokens, a whole number of every tile, at which the states take no more bytes than
+      x (bf16 states: N tokens), so 64 at N = 64 (6.64 ms against 7.32 ms at 128) and 128 at N = 128;
+      dcheckpoint: the same;
+    - dS pass: all of P, halved (down to 16) while the chains x P blocks are fewer than 16 an SM (the mixers'
+      1,280 chains: 32 rows, 79.5 ms against 81.5 ms at 64); tiles of up to 128 tokens (a divisor of
+      dcheckpoint), 8 warps once a P block x N reaches 32 x 128, 4 below; 2 stages."""
     o = {k: int(v) for k, v in given.items() if v is not None}
-    bt_f, bp_f, nw_f = _blocks(L, P, N)
-    o.setdefault("fwd_block_t", bt_f)
-    o.setdefault("fwd_block_p", bp_f)
-    o.setdefault("fwd_num_warps", nw_f)
-    o.setdefault("block_t", min(64, max(16, _pow2(L))))
-    o.setdefault("bc_block_t", o["block_t"])
+    tile = max(16, _pow2(L))
+    wide = N > 64
+    o.setdefault("fwd_block_t", min(64, tile))
+    o.setdefault("fwd_block_p", min(64 if wide else 32, max(16, _pow2(P))))
+    o.setdefault("fwd_num_warps", 4)
+    o.setdefault("block_t", min(64, tile))
+    o.setdefault("bc_block_t", o["block_t"] if "block_t" in given else min(128 if wide else 64, tile))
     o.setdefault("state_bf16", int(bf16))
     o["state_bf16"] = int(bool(o["state_bf16"]) and bf16)
     state_bytes = 2 if o["state_bf16"] else 4
     o.setdefault("checkpoint", max(o["fwd_block_t"], o["block_t"], o["bc_block_t"],
                                    _pow2(-(-state_bytes * N // itemsize))))
     o.setdefault("dcheckpoint", max(o["checkpoint"], o["block_t"], o["bc_block_t"]))
-    o.setdefault("num_warps", 8)
-    o.setdefault("bc_num_warps", o["num_warps"])
-    o.setdefault("num_stages", 1)
+    o.setdefault("num_warps", 4)
+    o.setdefault("bc_num_warps", 8 if wide else 4)
+    o.setdefault("num_stages", 2)
     hpg = max(heads // max(groups, 1), 1)
     if "heads_per_program" not in o:
         progs = max(chains // max(heads, 1), 1) * groups * triton.cdiv(max(L, 1), o["bc_block_t"])
@@ -133,12 +134,12 @@ def default_launch(L: int, P: int, N: int, *, itemsize: int, chains: int = 1, sm
         o["heads_per_program"] = hpg // n_sub
     o.setdefault("bc_atomic", 0)
     bp = max(16, _pow2(P))
-    while sms and bp > 16 and chains * -(-P // bp) < 4 * sms:
+    while sms and bp > 16 and chains * -(-P // bp) < 16 * sms:
         bp //= 2
     o.setdefault("block_p", bp)
-    dck, big = o["dcheckpoint"], o["block_p"] * max(16, _pow2(N)) >= 64 * 128
-    o.setdefault("pass_block_t", max(16, min(64 if big else 128, dck & -dck, _pow2(L))))
-    o.setdefault("pass_num_warps", 8 if big else 4)
+    dck = o["dcheckpoint"]
+    o.setdefault("pass_block_t", max(16, min(128, dck & -dck, _pow2(L))))
+    o.setdefault("pass_num_warps", 8 if o["block_p"] * max(16, _pow2(N)) >= 32 * 128 else 4)
     o.setdefault("pass_num_stages", 2)
     return o
 
