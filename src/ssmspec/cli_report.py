@@ -9,14 +9,14 @@ from ssmspec import interrupt, paths, rundir
 from ssmspec.cli_checks import _error
 
 
-def _draw(exp, run_dir: Path, out: Path) -> Path:
-    """Draw ``exp``'s figure from ``run_dir``'s rows into ``out``, through a hidden file renamed into place
-    (an interrupted drawing leaves the older figure, not half a PNG)."""
-    from ssmspec.registry import read_results
+def trained_figure(out: Path) -> Path:
+    """Where the figure of an experiment's trained-pair rows goes, beside ``out``: ``<stem>-trained.png``."""
+    return out.with_name(f"{out.stem}-trained{out.suffix}")
 
-    df = read_results(run_dir)
-    if df.empty:
-        raise ValueError(f"{run_dir}/results.jsonl has no rows")
+
+def _draw_one(exp, df, out: Path) -> Path:
+    """Draw ``df`` with ``exp``'s plot function into ``out``, through a hidden file renamed into place (an
+    interrupted drawing leaves the older figure, not half a PNG)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.{os.getpid()}.tmp{out.suffix}")
     try:
@@ -29,6 +29,22 @@ def _draw(exp, run_dir: Path, out: Path) -> Path:
     return out
 
 
+def _draw(exp, run_dir: Path, out: Path) -> list[Path]:
+    """Draw ``exp``'s figure from ``run_dir``'s rows into ``out``. Rows measured on the trained pairs
+    (``pair: trained``, ``bench/trained_rows.py``) of an experiment that also has oracle rows go into a figure of
+    their own (``trained_figure(out)``): measured and designed acceptance are never drawn together."""
+    from ssmspec.registry import read_results
+
+    df = read_results(run_dir)
+    if df.empty:
+        raise ValueError(f"{run_dir}/results.jsonl has no rows")
+    if "pair" not in df.columns or not (df["pair"] == "trained").any() or (df["pair"] == "trained").all():
+        return [_draw_one(exp, df, out)]
+    trained = df["pair"] == "trained"
+    return [_draw_one(exp, df[~trained].reset_index(drop=True), out),
+            _draw_one(exp, df[trained].reset_index(drop=True), trained_figure(out))]
+
+
 def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = None, out: str | None = None,
              results_root: Path | None = None, figures_dir: Path | None = None) -> int:
     """Draw ``exp_id``'s figure: from one run directory (``run_dir``), else from the reference results of each
@@ -39,7 +55,7 @@ def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = N
         exp = get_experiment(exp_id)
         if run_dir:
             target = Path(out) if out else Path(run_dir) / f"{exp_id}.png"
-            print(_draw(exp, Path(run_dir), target))
+            print(*_draw(exp, Path(run_dir), target), sep="\n")
             return 0
         profiles = [profile] if profile else reference_profiles(exp_id, root=results_root)
         if not profiles:
@@ -50,7 +66,8 @@ def cmd_plot(exp_id: str, *, profile: str | None = None, run_dir: str | None = N
             raise ValueError("--out names one file: add --profile cpu|gpu")
         for p in profiles:
             target = Path(out) if out else figure_path(exp_id, p, figures=figures_dir)
-            print(paths.shown(_draw(exp, reference_dir(exp_id, p, root=results_root), target)))
+            for drawn in _draw(exp, reference_dir(exp_id, p, root=results_root), target):
+                print(paths.shown(drawn))
     except ValueError as e:
         return _error(str(e))
     return 0

@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from ssmspec import config as C
 from ssmspec import interrupt, rundir
+from ssmspec.bench import trained_rows
 from ssmspec.bench.env import collect_env
 from ssmspec.registry import Experiment, get_experiment
 
@@ -304,7 +305,7 @@ def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] =
             (tmp / "env.json").write_text(json.dumps(env, indent=2) + "\n")
             # benchmarks never need gradients: a stray autograd graph would hold every activation
             with (tmp / "results.jsonl").open("w") as f, torch.no_grad():
-                for row in bench(cfg):
+                for row in trained_rows.rows(bench, cfg):  # (acc): + bench.trained's pairs
                     row = {**added, **{k: _clean(v) for k, v in dict(row).items()}}
                     row.setdefault("weights", weights)
                     f.write(json.dumps(row, default=_json_default) + "\n")

@@ -100,18 +100,14 @@ def train_run(b: DictConfig):
     return result
 
 
-def load_pair(b: DictConfig, device: str, family: str, result) -> Pair:
-    """The pair of ``family`` from ``result`` (``train_run``), loaded in float32 on ``device``."""
-    from ssmspec.data.tokenizers import load_tokenizer
-    from ssmspec.models.loading import load_model
-
+def pair_info(b: DictConfig, family: str, result) -> tuple[dict, Path, Path]:
+    """(columns every row of the pair carries, target checkpoint dir, draft checkpoint dir) of ``family`` in
+    ``result`` (``train_run``)."""
     m = result.manifest
     targets = {s["family"]: name for name, s in m["models"].items() if s["role"] == "target"}
     t_name = targets[family]
     d_name = next(n for n, s in m["models"].items() if s["role"] == "draft" and s.get("target") == t_name)
     t_stats, d_stats = m["models"][t_name], m["models"][d_name]
-    target = load_model(result.entry / t_stats["path"], device=device, dtype=torch.float32)
-    draft = load_model(result.entry / d_stats["path"], device=device, dtype=torch.float32)
     info = {"weights": f"trained {b.train}/{m['key']}", "pair": "trained", "train_run": str(b.train),
             "train_overrides": [str(o) for o in b.get("train_overrides") or []], "train_key": m["key"],
             "train_cache_hit": result.hit,
@@ -121,7 +117,19 @@ def load_pair(b: DictConfig, device: str, family: str, result) -> Pair:
             "corpus_hash": m["corpus"]["hash"]}
     log.info("pair %s (%s): %s %d params, %s %d params", m["key"], "cache hit" if result.hit else "trained now",
              t_name, t_stats["params"], d_name, d_stats["params"])
-    return Pair(target, draft, load_tokenizer(target), m, result.entry, (t_name, d_name), info)
+    return info, result.entry / t_stats["path"], result.entry / d_stats["path"]
+
+
+def load_pair(b: DictConfig, device: str, family: str, result) -> Pair:
+    """The pair of ``family`` from ``result`` (``train_run``), loaded in float32 on ``device``."""
+    from ssmspec.data.tokenizers import load_tokenizer
+    from ssmspec.models.loading import load_model
+
+    info, t_dir, d_dir = pair_info(b, family, result)
+    target = load_model(t_dir, device=device, dtype=torch.float32)
+    draft = load_model(d_dir, device=device, dtype=torch.float32)
+    return Pair(target, draft, load_tokenizer(target), result.manifest, result.entry, (info["target"], info["draft"]),
+                info)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
