@@ -16,6 +16,14 @@ def _restore_logging():
     root.setLevel(level)
 
 
+@pytest.fixture(scope="session")
+def train_cache(tmp_path_factory):
+    """One training cache per test session (per xdist worker): the tiny pair (conf/train/tiny.yaml, ~30 s) is trained
+    by the first test that asks for it; trained_acceptance and the (acc) rows of other experiments read it
+    (``bench.cache_dir=`` / ``bench.trained.cache_dir=``)."""
+    return tmp_path_factory.mktemp("train-cache")
+
+
 @pytest.fixture
 def cli(capsys, monkeypatch, tmp_path):
     """``cli(*argv) -> (status, stdout, stderr)`` running ``ssmspec.cli.main`` in this process, from a

@@ -14,12 +14,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SMALL = ["experiment=trained_acceptance", "profile=cpu", "bench.draft_len=[4]", "bench.agree_tokens=1024"]
 
 
-@pytest.fixture(scope="session")
-def train_cache(tmp_path_factory):
-    """One cache folder per test session (per xdist worker): the pair is trained by the first run only."""
-    return tmp_path_factory.mktemp("train-cache")
-
-
 def test_measured_acceptance_on_the_trained_pair(cli, tmp_path, train_cache):
     rows = run_rows(cli, tmp_path, SMALL, f"bench.cache_dir={train_cache}")
     decode = [r for r in rows if r["kind"] == "decode" and r["status"] == "ok"]

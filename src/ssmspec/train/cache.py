@@ -79,9 +79,13 @@ class Staging:
         self.tmp.mkdir()
         return self.tmp
 
-    def commit(self, manifest: dict) -> Path:
+    def commit(self, manifest: dict, *, replace: bool = True) -> Path:
+        """``replace=False``: an entry another process committed meanwhile (same key, so the same run) is kept and
+        this one dropped, so a reader of that entry never sees it removed under it."""
         manifest = {**manifest, "files": file_sizes(self.tmp)}
         (self.tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+        if self.final.exists() and not replace:
+            return self.final
         if self.final.exists():
             shutil.rmtree(self.final)  # --retrain over an old or corrupt entry
         os.replace(self.tmp, self.final)

@@ -106,7 +106,7 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
     with staging as tmp:
         manifest = _build(tmp, corpus, tc, loops, models, seed=seed, device=dev, head=head)
         manifest.update(key=key, config=keyed)
-        final = staging.commit(manifest)
+        final = staging.commit(manifest, replace=retrain)  # not retraining: an entry there now is a racer's, kept
     return TrainResult(final, read_entry(final), hit=False)
 
 
