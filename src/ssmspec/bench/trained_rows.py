@@ -23,6 +23,7 @@ The experiments FIGURES.md marks (acc) draft with the oracle on random weights: 
       #                        draft trained for N steps); rows carry train_variant
       data: {name: humaneval, num_prompts: 8, max_prompt_len: 128}
       bench: {drafter: draft}  # bench keys for these rows
+      only: false            # true: the experiment is measured on trained pairs only (no rows on random weights)
 
 Every trained row carries ``pair: trained``, the train run, its cache key, the family and both models with their
 validation loss (``bench/trained.py:pair_info``), and ``weights: trained <run>/<key>``; oracle rows carry
@@ -93,10 +94,11 @@ def trained_configs(cfg: DictConfig) -> Iterator[tuple[DictConfig, dict]]:
 
 def rows(bench: Callable[[DictConfig], Iterable[dict]], cfg: DictConfig) -> Iterator[dict]:
     """The bench's rows on ``cfg``, then (with ``bench.trained``) its rows on every trained pair."""
-    trained = bool(cfg.bench.get("trained"))
+    t = cfg.bench.get("trained")
     own = "checkpoint" if cfg.get("checkpoint") else "random"
-    for row in bench(cfg):
-        yield {**row, "pair": own} if trained else row
+    if not (t and t.get("only")):
+        for row in bench(cfg):
+            yield {**row, "pair": own} if t else row
     for sub, cols in trained_configs(cfg):
         log.info("trained rows: %s pair %s (%s)", cols["family"], cols["train_key"], cols["weights"])
         for row in bench(sub):
