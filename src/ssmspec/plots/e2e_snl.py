@@ -100,7 +100,7 @@ def plot_snl_tab5(df: pd.DataFrame, out: Path) -> None:
         skipped = df[(df["model"] == model) & (df["status"] == "skipped")]
         notes = [f"{s}: skipped, " + ("not on disk (python -m ssmspec.data.fetch)" if "ssmspec.data.fetch" in str(r)
                                       else str(r)[:80])
-                 for s, r in dict(zip(skipped["set"], skipped["reason"])).items() if s not in sets]
+                 for s, r in dict(zip(skipped["set"], skipped.get("reason", skipped["set"]))).items() if s not in sets]
         ax.set_xticks(x, sets)
         ax.margins(y=0.35)
         what = f", tokens/s at the {DESIGNED}" if designed else ""
