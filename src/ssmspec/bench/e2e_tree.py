@@ -21,7 +21,8 @@ Trained pairs (``bench.trained``, ``bench/trained_rows.py``): the runner calls t
 (``drafter: draft``, a fixed ``iters`` and ``groups``: ``iters: auto`` is the oracle's law and refused for measured
 drafters). Measured rows at temperature 0 compare every line's emitted tokens with the target's greedy
 autoregressive continuation of the same prompts (``ref_match``, ``exact``: greedy verification is lossless, so they
-must agree token for token at float32).
+must agree token for token at float32). An experiment measured on trained pairs alone points its ``bench:`` at a
+``run_*`` here and sets ``trained.only: true`` (``stree_tab8_beam`` does so through ``bench/stree_beam.py``).
 
 How many steps (``bench.iters``). The oracle's draws are Weyl sequences (``bench.draws: weyl``,
 ``drafting/weyl.py``): the measured mean accepted length converges to E[a] like 1/n. ``bench.iters: auto``

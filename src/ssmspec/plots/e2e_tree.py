@@ -49,12 +49,16 @@ def _finish(fig, df: pd.DataFrame, title: str, out: Path, note: str = "") -> Non
 
 
 def _models(data: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(label, rows) per model in row order: one preset on random weights, one per trained pair (family named)."""
+    """(label, rows) per model in row order: one preset on random weights, one per trained pair (family named) and
+    train variant (``trained.variants``)."""
+    variant = data["train_variant"] if "train_variant" in data.columns else pd.Series(None, index=data.index)
+    keys = data["model"].astype(str) + "|" + variant.fillna("").astype(str)
     out = []
-    for model in dict.fromkeys(data["model"]):
-        g = data[data["model"] == model]
+    for key in dict.fromkeys(keys):
+        g = data[keys == key]
         fam = g["family"].dropna() if "family" in g.columns else g.iloc[0:0]
-        out.append((f"{model} ({fam.iloc[0]} pair)" if len(fam) else str(model), g))
+        label = f"{g['model'].iloc[0]} ({fam.iloc[0]} pair)" if len(fam) else str(g["model"].iloc[0])
+        out.append((label + (f", {key.split('|', 1)[1]}" if key.split("|", 1)[1] else ""), g))
     return out
 
 
