@@ -54,6 +54,9 @@ def test_tab3_trained_rows_are_measured_exact_and_drawn_apart(cli, tmp_path, tra
         assert r["prompt_sha256"] == digest != oracle[0]["prompt_sha256"]
         assert r["n"] == 2 * 4 == r["sequence_steps"] and sum(r["accepted_hist"].values()) == 8
         assert r["tau"] == pytest.approx(r["mean_accepted"] + 1) and r["tokens_per_s"] > 0
+        # two groups pooled: tokens = accepted + 1 per step over the summed step times of both engines
+        assert r["tokens_emitted"] == sum((int(a) + 1) * n for a, n in r["accepted_hist"].items())
+        assert r["tokens_per_s"] == pytest.approx(r["tokens_emitted"] / (sum(r["samples_ms"]) * 1e-3))
         assert r["tokens_per_s_designed"] is None or r["line"] == "autoregressive"
         if r["draft_nodes"]:
             assert r["acceptance"] == "measured" and r["drafter"] == "draft" and r["draft"] == "mamba2-draft"

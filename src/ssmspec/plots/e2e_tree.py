@@ -52,7 +52,7 @@ def _models(data: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """(label, rows) per model in row order: one preset on random weights, one per trained pair (family named) and
     train variant (``trained.variants``)."""
     variant = data["train_variant"] if "train_variant" in data.columns else pd.Series(None, index=data.index)
-    keys = data["model"].astype(str) + "|" + variant.fillna("").astype(str)
+    keys = data["model"].astype(str) + "|" + variant.map(lambda v: "" if pd.isna(v) else str(v))
     out = []
     for key in dict.fromkeys(keys):
         g = data[keys == key]
