@@ -294,10 +294,10 @@ class Runner:
         sampling = SamplingConfig(temperature=temperature, seed=int(self.cfg.seed))
         rows = []
         for ids, reference in groups:
-            # the emitted tokens are compared with the oracle's truth (not where forced verdicts emit it under
-            # sampling) or, for measured drafters, with the greedy reference (temperature 0; None otherwise)
-            check = (reference if not (forced and sampled) else None) if oracle else (
-                reference if self.kind != "oracle" else None)
+            # emitted tokens vs the truth: an oracle line's (not where forced verdicts emit it under sampling), every
+            # line's greedy reference with a measured drafter (temperature 0; None otherwise)
+            check = (None if forced and sampled else reference) if oracle else (
+                None if self.kind == "oracle" else reference)
             row = self._decode(model, line, ids=ids, reference=reference, H=H, R=R, iters=iters, sampling=sampling,
                                alpha=alpha, decay=decay, base=base, check=check)
             if row["status"] != "ok":
