@@ -20,7 +20,7 @@ from ssmspec.engine.generate import generate
 from ssmspec.models import build_model, load_preset
 from ssmspec.verify import SamplingConfig
 
-FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=3"]
+FAST = ["profile=cpu", "bench.warmup=0", "bench.iters=3", "bench.trained=null"]  # trained rows: test_tree_trained.py
 
 
 def _run(cli, tmp_path: Path, exp: str, *extra: str, plot: bool = True) -> list[dict]:
@@ -116,7 +116,7 @@ def test_tab3_iters_auto_times_the_steps_the_law_needs(cli, tmp_path):
     """bench.iters=auto: every line of a temperature times the largest count its oracle lines need (weyl rule,
     fixed before the run), and the measured mean accepted length is then within 2% of the designed one."""
     out = tmp_path / "run"
-    status, _, err = cli("run", "experiment=stree_tab3_e2e", "profile=cpu", "bench.warmup=0", "bench.iters=auto",
+    status, _, err = cli("run", "experiment=stree_tab3_e2e", "profile=cpu", "bench.trained=null", "bench.warmup=0", "bench.iters=auto",
                          "bench.temperature=[0.0]", "bench.alpha=[0.9]", "bench.rank_decay=[0.35]", "bench.chain_S=2",
                          "bench.shape=[0,0]", f"results_dir={out}")
     assert status == 0, err

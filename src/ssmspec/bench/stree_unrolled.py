@@ -138,7 +138,7 @@ def run_stree_unrolled(cfg: DictConfig) -> Iterator[dict]:
         name = f"M={M} N={N}"
         lines += [Line(f"packed {name}", "stree", parents, shape=name),
                   Line(f"unrolled {name}", str(b.unrolled_strategy), parents, verify="unrolled", shape=name)]
-    for preset in b.presets:
+    for preset in run.presets():
         for row in run.run(preset, lines, acceptance_table(b)):
             if row.get("shape"):
                 M, N = (int(x.split("=")[1]) for x in row["shape"].split())
