@@ -230,15 +230,23 @@ def _label(opts: dict) -> str:
     return name
 
 
-def _drafter(opts: dict, pair: Pair):
+def measured_drafter(name: str, *, target, draft, **options):
+    """A real drafter of a trained (or loaded) pair: ``mtp`` chains ``target``'s own MTP head, ``png`` looks up the
+    prompt's n-grams (``options``: ngram, min_ngram, ...), every other drafter (draft_model, beam_tree, static_tree)
+    drafts with the model ``draft``. Shared by trained_acceptance, its throughput rows and the (acc) rows of the
+    end-to-end experiments, so a drafter is built one way wherever its acceptance is measured."""
     from ssmspec.drafting import make_drafter
 
+    if name == "mtp":
+        return make_drafter(name, target=target, **options)
+    if name == "png":
+        return make_drafter(name, **options)
+    return make_drafter(name, draft=draft, **options)
+
+
+def _drafter(opts: dict, pair: Pair):
     kw = {k: v for k, v in opts.items() if k not in ("name", "strategies")}
-    if opts["name"] == "mtp":
-        kw["target"] = pair.target
-    elif opts["name"] != "png":
-        kw["draft"] = pair.draft
-    return make_drafter(opts["name"], **kw)
+    return measured_drafter(opts["name"], target=pair.target, draft=pair.draft, **kw)
 
 
 def decode_set(pair: Pair, prompts: list[list[int]], b: DictConfig, *, strategy: str, opts: dict | None,

@@ -1,0 +1,59 @@
+"""(acc) rows of the end-to-end experiments on CPU (bench/trained_rows.py): replay_fig8_throughput, snl_fig4_multiseq
+and cost_model run their own bench once more on the tiny pair the suite trains (conf/train/tiny.yaml, trained once per
+test session into ``train_cache``), with real drafters on HumanEval prompts. Every trained row says ``pair: trained``
+and ``acceptance: measured``, greedy output equals the autoregressive output in float32, and the trained rows are
+drawn in a figure of their own beside the oracle's."""
+from __future__ import annotations
+
+import pytest
+from pipeline_helpers import PNG_MAGIC, rows_of
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+FIG8 = ["experiment=replay_fig8_throughput", "profile=cpu", "bench.presets=[tiny-mamba2]", "bench.batch=[2]",
+        "bench.warmup=0", "bench.iters=3", "bench.snapshot_S=[2]", "bench.replay_S=[3]"]
+
+
+def _run_and_draw(cli, tmp_path, argv, *extra) -> list[dict]:
+    """Run, then draw: the oracle rows' figure and the trained rows' figure beside it."""
+    out = tmp_path / "run"
+    status, _, err = cli("run", *argv, *extra, f"results_dir={out}")
+    assert status == 0, err
+    png = tmp_path / "fig.png"
+    status, printed, err = cli("plot", argv[0].split("=")[1], "--from", str(out), "--out", str(png))
+    assert status == 0, err
+    trained = tmp_path / "fig-trained.png"
+    assert printed.split() == [str(png), str(trained)]
+    assert png.read_bytes()[:8] == PNG_MAGIC and trained.read_bytes()[:8] == PNG_MAGIC
+    return rows_of(out)
+
+
+def test_fig8_trained_rows_measure_mtp_draft_model_and_png(cli, tmp_path, train_cache):
+    rows = _run_and_draw(cli, tmp_path, FIG8, f"bench.trained.cache_dir={train_cache}")
+    oracle = [r for r in rows if r["pair"] == "random"]
+    trained = [r for r in rows if r["pair"] == "trained"]
+    assert oracle and all(r["acceptance"] in ("oracle", "none") for r in oracle)
+    assert [r["line"] for r in trained] == [
+        "autoregressive", "replay", "snapshot spec S=2 + mtp", "snapshot spec S=2 + draft_model",
+        "snapshot spec S=2 + png", "replay spec S=3 + mtp", "replay spec S=3 + draft_model", "replay spec S=3 + png"]
+    for r in trained:
+        assert r["status"] == "ok" and r["family"] == "mamba2" and r["weights"].startswith("trained tiny/")
+        assert r["set"] == "humaneval" and r["dtype"] == "float32" and r["model"] == "mamba2-target"
+        assert sum(r["accepted_hist"].values()) == 3 * r["batch"]  # every timed step of every sequence
+        if r["S"]:
+            assert r["acceptance"] == "measured" and r["alpha"] is None and r["oracle"] is None
+            assert r["drafter"] == r["line"].rsplit(" + ", 1)[1]
+            assert r["ref_match"] == 1.0  # greedy verification is lossless: float32 output = autoregressive
+            assert r["expected_accepted"] is None
+    assert {r["draft"] for r in trained if r["drafter"] == "draft_model"} == {"mamba2-draft"}
+    assert {r["ngram"] for r in trained if r["drafter"] == "png"} == {3}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["bench.trained.bench.measured_drafters=[mtp,oracle]"], "bench.measured_drafters lists distinct real drafters"),
+    (["bench.trained=null", "bench.measured_drafters=[png]"], "give checkpoint=<dir>"),
+])
+def test_fig8_bad_measured_drafters_are_one_error_line(cli, tmp_path, extra, message):
+    status, _, err = cli("run", *FIG8, *extra, f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
