@@ -57,3 +57,38 @@ def test_fig8_bad_measured_drafters_are_one_error_line(cli, tmp_path, extra, mes
     status, _, err = cli("run", *FIG8, *extra, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+FIG4 = ["experiment=snl_fig4_multiseq", "profile=cpu", "bench.new_tokens=8", "bench.batch=[1,2]", "bench.drafts=[0,1,2]",
+        "data.max_prompt_len=16", "bench.groups=1", "bench.trained.data.max_prompt_len=32"]
+
+
+def test_fig4_trained_rows_measure_png_per_draft_count(cli, tmp_path, train_cache):
+    rows = _run_and_draw(cli, tmp_path, FIG4, f"bench.trained.cache_dir={train_cache}")
+    assert {r["acceptance"] for r in rows if r["pair"] == "random" and r["drafts"]} == {"oracle"}
+    trained = [r for r in rows if r["pair"] == "trained"]
+    assert [(r["batch"], r["drafts"], r["strategy"]) for r in trained] == [
+        (b, d, s) for b in (1, 2) for d, s in ((0, "autoregressive"), (1, "joint_attainment"),
+                                               (1, "activation_replay"), (2, "joint_attainment"),
+                                               (2, "activation_replay"))]
+    for r in trained:
+        assert r["status"] == "ok" and r["set"] == "humaneval" and r["family"] == "mamba2"
+        assert r["groups"] == 2 and r["prompts"] == 2 * r["batch"]  # trained.bench.groups: 2 batches a point
+        assert r["ref_match"] == 1.0  # float32: every line decodes the autoregressive output
+        if r["drafts"]:
+            assert r["acceptance"] == "measured" and r["drafter"] == "png" and r["alpha"] is None
+            assert r["line"] == f"{r['strategy']} + PNG(6,{r['drafts']})"
+            assert sum(r["accepted_hist"].values()) > 0 and r["speedup"] is not None
+
+
+def test_tab5_trained_rows_still_measure_png_on_humaneval(cli, tmp_path, train_cache):
+    """snl_tab5_e2e's (acc) rows (wired by bench/trained_rows.py), next to the experiments above."""
+    rows = _run_and_draw(cli, tmp_path, ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9",
+                                         "data=humaneval", "data.max_prompt_len=64", "bench.groups=1",
+                                         "bench.trained.data.num_prompts=3"],
+                         f"bench.trained.cache_dir={train_cache}")
+    trained = [r for r in rows if r["pair"] == "trained"]
+    assert [r["line"] for r in trained] == ["autoregressive", "joint_attainment + PNG(6,2)",
+                                            "activation_replay + PNG(6,2)"]
+    assert all(r["status"] == "ok" and r["ref_match"] == 1.0 and r["prompts"] == 3 for r in trained)
+    assert {r["acceptance"] for r in trained if r["drafts"]} == {"measured"}

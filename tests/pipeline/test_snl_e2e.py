@@ -28,7 +28,7 @@ QUESTION = "Compose a haiku about state space models."
 TAB5 = ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9", "data.max_prompt_len=64", "bench.groups=2",
         "bench.trained=null"]  # the trained pair's rows: test_acc_e2e_rows.py
 FIG4 = ["experiment=snl_fig4_multiseq", "profile=cpu", "bench.new_tokens=8", "bench.batch=[1,2]",
-        "bench.drafts=[0,1,2]", "data.max_prompt_len=16", "bench.groups=1"]
+        "bench.drafts=[0,1,2]", "data.max_prompt_len=16", "bench.groups=1", "bench.trained=null"]
 
 
 @pytest.fixture
