@@ -286,7 +286,7 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
     """Fig. 8: emitted tokens/s of every line (module doc) per preset x batch, at the oracle's alpha or with the
     checkpoint's real drafters."""
     # here, not at module level: the many benches that import this module's helpers do not load checkpoints
-    from ssmspec.bench.trained import measured_drafter
+    from ssmspec.bench.real_drafters import measured_drafter
     from ssmspec.drafting.mtp import check_head
     from ssmspec.models.loading import load_model
 

@@ -45,6 +45,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ssmspec.bench.inputs import track
+from ssmspec.bench.real_drafters import measured_drafter
 from ssmspec.bench.timing import summarize
 
 log = logging.getLogger("ssmspec.bench.trained")
@@ -228,20 +229,6 @@ def _label(opts: dict) -> str:
     if name == "static_tree":
         return f"static_tree {opts.get('shape', 'A')}"
     return name
-
-
-def measured_drafter(name: str, *, target, draft, **options):
-    """A real drafter of a trained (or loaded) pair: ``mtp`` chains ``target``'s own MTP head, ``png`` looks up the
-    prompt's n-grams (``options``: ngram, min_ngram, ...), every other drafter (draft_model, beam_tree, static_tree)
-    drafts with the model ``draft``. Shared by trained_acceptance, its throughput rows and the (acc) rows of the
-    end-to-end experiments, so a drafter is built one way wherever its acceptance is measured."""
-    from ssmspec.drafting import make_drafter
-
-    if name == "mtp":
-        return make_drafter(name, target=target, **options)
-    if name == "png":
-        return make_drafter(name, **options)
-    return make_drafter(name, draft=draft, **options)
 
 
 def _drafter(opts: dict, pair: Pair):

@@ -26,7 +26,7 @@ from ssmspec import config as C
 from ssmspec.bench.e2e import _is_oom, throughput_row
 from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.steps_replay import release
-from ssmspec.bench.trained import measured_drafter
+from ssmspec.bench.real_drafters import measured_drafter
 from ssmspec.strategies import SpecConfig
 
 log = logging.getLogger("ssmspec.bench.trained")
