@@ -9,7 +9,7 @@ import random
 import pytest
 
 from ssmspec.drafting.oracle import expected_accepted
-from ssmspec.policy import TERMS, CostModel, Setting, candidates, fit, main, pick
+from ssmspec.policy import TERMS, CostModel, Setting, candidates, fit, fit_alpha, main, pick, run_rows
 
 # t = a + a_L (L-1) + B (b + c (L-1) + d (D-1)) + e max(0, B L - N0)
 TRUE = {"autoregressive": dict(a=2.0, a_L=0.0, b=0.05, c=0.0, d=0.0, e=0.0, N0=None),
@@ -153,3 +153,43 @@ def test_labels_parse_back_and_the_command_line_offers_a_setting_only_below_wher
     assert {s.label for s in model.measured()} == set(model.calibration)
     model.save(tmp_path / "m.json")
     assert CostModel.load(tmp_path / "m.json").limits == model.limits
+
+
+def test_fit_alpha_is_the_maximum_likelihood_alpha_of_single_chains():
+    # S = 2: three chains stopped at 0, one at 1, four ran through: 9 accepted drafts, 4 stops -> 9 / 13
+    assert fit_alpha([(2, {"0": 3, "1": 1, "2": 4})]) == (pytest.approx(9 / 13), 8)
+    rnd = random.Random(0)
+    for alpha in (0.3, 0.6, 0.9):  # draws of the truncated geometric law at two S, pooled
+        chains = []
+        for S in (2, 4):
+            hist: dict[int, int] = {}
+            for _ in range(20000):
+                a = 0
+                while a < S and rnd.random() < alpha:
+                    a += 1
+                hist[a] = hist.get(a, 0) + 1
+            chains.append((S, hist))
+        assert fit_alpha(chains)[0] == pytest.approx(alpha, abs=0.01)
+        est = fit_alpha(chains)[0]  # its law predicts the measured mean of each S
+        for S, hist in chains:
+            mean = sum(a * n for a, n in hist.items()) / sum(hist.values())
+            assert expected_accepted(est, draft_len=S) == pytest.approx(mean, rel=0.03)
+    assert fit_alpha([(3, {"3": 5})])[0] == 1.0 and fit_alpha([(3, {"0": 5})])[0] == 0.0
+    with pytest.raises(ValueError, match="no measured single-chain steps"):
+        fit_alpha([])
+    with pytest.raises(ValueError, match="an accepted count of 3 drafts from chains of S = 2"):
+        fit_alpha([(2, {"3": 1})])
+
+
+def test_a_runs_rows_are_read_per_model_and_the_oracle_pair_first(tmp_path):
+    rows = [dict(kind="measure", model="tiny", pair="random"), dict(kind="measure", model="target", pair="trained"),
+            dict(kind="acceptance", model="target", pair="trained", alpha=0.42)]
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [r["model"] for r in run_rows(path)] == ["tiny"]  # the trained pair's rows only when asked for
+    assert [r["kind"] for r in run_rows(path, "target")] == ["measure", "acceptance"]
+    with pytest.raises(ValueError, match="no rows of model 'nope'; the run measured target, tiny"):
+        run_rows(path, "nope")
+    path.write_text("".join(json.dumps({**r, "pair": "random"}) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"several models \(target, tiny\); name one with --model"):
+        run_rows(path)

@@ -27,6 +27,13 @@ With a stated acceptance the expected tokens a step emits per sequence are 1 + E
 (seed 001, section 4): longer and more drafts pay at small batches, where the step is bound by the weight read,
 and stop paying as the batch grows. ``python -m ssmspec policy --fit results/cost_model/<profile>/results.jsonl
 --batch 2 8 24 --alpha 0.7`` refits the model from a ``cost_model`` run's measurements and prints the picks.
+
+Measured acceptance (``fit_alpha``): with a real drafter the per-token alpha is not stated but estimated from the
+accepted counts of single chains (D = 1) -- the maximum-likelihood alpha of the truncated geometric law
+P(a >= k) = alpha^k, k <= S: every accepted draft is a success and every chain stopped before its S-th draft one
+failure, so alpha = accepted / (accepted + stopped). The same law then predicts D chains (independent chains; real
+drafters' chains are not, which the cost_model rows show as measured vs predicted accepted length).
+``--alpha measured`` reads the alpha a cost_model run measured this way (its ``kind: acceptance`` row).
 """
 from __future__ import annotations
 
@@ -119,13 +126,14 @@ class CostModel:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "CostModel":
+    def load(cls, path: Path, model: str | None = None) -> "CostModel":
         """From ``save``'s json, or refitted from the measured steps (``kind: measure``, ``phase: fit``) of a
-        cost_model run's results.jsonl."""
+        cost_model run's results.jsonl: those of ``model`` (None: the run's one model on random weights, the rows
+        of a trained pair only when there is nothing else; ``run_rows``)."""
         try:
             text = Path(path).read_text()
             if str(path).endswith(".jsonl"):
-                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+                rows = run_rows(path, model)
                 fitted = [r for r in rows if r.get("kind") == "measure" and r.get("phase") == "fit"]
                 pts = [dict(strategy=r["strategy"], batch=r["batch"], S=r["S"], D=r["D"], ms=r["ms_p50"])
                        for r in fitted if r.get("status") == "ok"]
@@ -144,6 +152,49 @@ class CostModel:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"{path}: not a fitted cost model ({e}); give the results.jsonl of a cost_model run "
                              f"(python -m ssmspec run experiment=cost_model) or a CostModel.save() json") from e
+
+
+def run_rows(path: Path, model: str | None = None) -> list[dict]:
+    """The rows of one model of a cost_model run's results.jsonl: ``model``, or where None the run's only model
+    (rows of the oracle pair first: ``pair: trained`` rows, measured on a trained pair, only when the run has no
+    others). Several models and no ``model`` is an error naming them."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if model is None:
+        own = [r for r in rows if r.get("pair") != "trained"]
+        rows = own if any(r.get("kind") == "measure" for r in own) else rows
+        names = sorted({str(r["model"]) for r in rows if r.get("kind") == "measure" and "model" in r})
+        if len(names) > 1:
+            raise ValueError(f"the run measured several models ({', '.join(names)}); name one with --model")
+        return rows
+    mine = [r for r in rows if str(r.get("model")) == model]
+    if not mine:
+        names = sorted({str(r["model"]) for r in rows if "model" in r})
+        raise ValueError(f"no rows of model {model!r}; the run measured {', '.join(names) or 'none'}")
+    return mine
+
+
+def fit_alpha(chains: list[tuple[int, dict]]) -> tuple[float, int]:
+    """(alpha, steps): the per-token acceptance that best explains measured single chains (module doc), from
+    ``chains``, one (S, {accepted count: steps}) per measured setting at D = 1."""
+    accepted = stopped = steps = 0
+    for S, hist in chains:
+        for a, n in hist.items():
+            a, n = int(a), int(n)
+            if not 0 <= a <= S:
+                raise ValueError(f"an accepted count of {a} drafts from chains of S = {S}")
+            accepted, stopped, steps = accepted + a * n, stopped + (n if a < S else 0), steps + n
+    if not steps:
+        raise ValueError("no measured single-chain steps (D = 1) to estimate the acceptance from")
+    return (accepted / (accepted + stopped) if accepted + stopped else 0.0), steps
+
+
+def read_alpha(path: Path, model: str | None = None) -> float:
+    """The alpha a cost_model run measured on its fit prompts (``kind: acceptance`` row) for ``--alpha measured``."""
+    got = [r for r in run_rows(path, model) if r.get("kind") == "acceptance"]
+    if not got:
+        raise ValueError(f"{path} has no measured acceptance (kind: acceptance) for this model; give --alpha <number>, "
+                         f"or the rows of a cost_model run with a real drafter (--model <its trained pair's target>)")
+    return float(got[0]["alpha"])
 
 
 def _point_setting(p: dict) -> Setting:
@@ -239,14 +290,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ssmspec policy", description=main.__doc__)
     ap.add_argument("--fit", required=True, help="results.jsonl of a cost_model run (or a CostModel.save() json)")
     ap.add_argument("--batch", type=int, nargs="+", required=True)
-    ap.add_argument("--alpha", type=float, required=True, help="per-token acceptance of the drafts, in [0, 1]")
+    ap.add_argument("--alpha", required=True, help="per-token acceptance of the drafts, in [0, 1], or 'measured': the "
+                    "alpha the run measured with a real drafter on its fit prompts")
+    ap.add_argument("--model", help="the model whose rows to fit (a run with several; default: its only one)")
     ap.add_argument("--S", type=int, nargs="+", help="draft lengths (default: those the fit measured)")
     ap.add_argument("--D", type=int, nargs="+", help="drafts per sequence (default: those the fit measured)")
     args = ap.parse_args(argv)
     try:
+        model = CostModel.load(Path(args.fit), args.model)
+        if args.alpha == "measured":
+            if not str(args.fit).endswith(".jsonl"):
+                raise ValueError("--alpha measured reads a cost_model run's results.jsonl; give --fit <results.jsonl>")
+            args.alpha = read_alpha(Path(args.fit), args.model)
+        else:
+            try:
+                args.alpha = float(args.alpha)
+            except ValueError:
+                raise ValueError(f"--alpha is a number in [0, 1] or 'measured', got {args.alpha!r}") from None
         if not 0.0 <= args.alpha <= 1.0 or min(args.batch) < 1:
             raise ValueError("--alpha must be in [0, 1] and --batch sizes >= 1")
-        model = CostModel.load(Path(args.fit))
         measured = model.measured()
         if args.S or args.D:
             cands = candidates(sorted(model.coef), args.S or sorted({s.S for s in measured if s.S}) or [1],

@@ -16,7 +16,7 @@ from ssmspec.plots.e2e import fig8_ratios, fig11_ratios
 from ssmspec.strategies import SpecConfig
 
 FIG8 = ["experiment=replay_fig8_throughput", "profile=cpu", "bench.warmup=0", "bench.iters=2", "bench.batch=[2]",
-        "bench.prompt_len=6"]
+        "bench.prompt_len=6", "bench.trained=null"]  # the trained pair's rows: test_acc_e2e_rows.py
 FIG11 = ["experiment=replay_fig11_concurrency", "profile=cpu", "bench.presets=[tiny-mamba2]", "bench.budget_mib=2",
          "bench.probe_steps=1"]
 

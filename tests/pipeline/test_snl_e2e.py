@@ -26,9 +26,9 @@ from ssmspec.strategies import SpecConfig
 
 QUESTION = "Compose a haiku about state space models."
 TAB5 = ["experiment=snl_tab5_e2e", "profile=cpu", "bench.new_tokens=9", "data.max_prompt_len=64", "bench.groups=2",
-        "bench.trained=null"]  # the trained pair's rows: test_trained_rows.py
+        "bench.trained=null"]  # the trained pair's rows: test_acc_e2e_rows.py
 FIG4 = ["experiment=snl_fig4_multiseq", "profile=cpu", "bench.new_tokens=8", "bench.batch=[1,2]",
-        "bench.drafts=[0,1,2]", "data.max_prompt_len=16", "bench.groups=1"]
+        "bench.drafts=[0,1,2]", "data.max_prompt_len=16", "bench.groups=1", "bench.trained=null"]
 
 
 @pytest.fixture
@@ -241,7 +241,7 @@ def test_bad_settings_end_in_one_message(cli, tmp_path, data_dir, argv, message)
 
 
 FIG8 = ["experiment=replay_fig8_throughput", "profile=cpu", "bench.warmup=0", "bench.iters=3", "bench.batch=[3]",
-        "bench.prompt_len=64", "bench.snapshot_S=[2]", "bench.replay_S=[2]"]
+        "bench.prompt_len=64", "bench.snapshot_S=[2]", "bench.replay_S=[2]", "bench.trained=null"]
 
 
 def test_fig8_on_a_checkpoint_drafts_with_png_on_the_prompt_set(cli, tmp_path, data_dir):

@@ -24,6 +24,17 @@ Measure rows also carry ``tokens_per_s_at_alpha`` (the measured step time at the
 the acceptance draws' noise) and ``point_wall_s`` (the point's wall clock, engine build and graph capture
 included); the ``kind: split`` row carries ``measure_wall_s``, the preset's whole measurement.
 
+Measured acceptance (``bench.drafter``: png, draft_model or mtp, with ``checkpoint=``; ``bench.trained`` runs it on the
+pair the suite trains, ``bench/trained_rows.py``). The prompt set of ``data=`` (each prompt's last ``prompt_len``
+tokens) is split in two: its first half are the fit prompts, its second half the held-out prompts. Every setting
+drafts with the real drafter. The fit phase decodes fit prompts only (a seeded choice of them per batch); the
+acceptance the policy uses is then estimated from the fit phase's single chains (``policy.fit_alpha``: the
+maximum-likelihood per-token alpha of their accepted counts; a ``kind: acceptance`` row holds it, with every
+setting's measured mean accepted length beside the one that alpha predicts), before any held-out row runs. The
+evaluation phases decode held-out prompts only (a seeded choice per seed) at held-out batches, and every chooser is
+scored on their measured tokens/s: the step-cost fit, the acceptance and both baselines saw neither those batches
+nor those prompts (rows list the prompts they decoded: ``prompt_ids``).
+
 Goal (issue 9, on held-out batches only): no miss at any held-out batch, and a geometric mean above the best
 single fixed setting's. The policy is also compared with the nearest-fitted-batch lookup
 (``beats_nearest_fitted``): a model that does not beat a lookup table is not worth its fit.
@@ -40,16 +51,19 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.cost_model_scoring import heldout_rows
-from ssmspec.bench.e2e import _is_oom, plan_point, throughput_row
+from ssmspec.bench.e2e import _is_oom, plan_point, prompt_set, throughput_row
 from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.drafting.oracle import Oracle, expected_accepted
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
-from ssmspec.policy import Setting, fit, pick
+from ssmspec.policy import Setting, fit, fit_alpha, pick
 from ssmspec.strategies import SpecConfig, strategy_names
 
 log = logging.getLogger("ssmspec.bench.cost_model")
+
+DRAFTERS = ("oracle", "png", "draft_model", "mtp")  # bench.drafter: the forced oracle, or a real drafter
 
 
 def _sizes(b: DictConfig, key: str, *, least: int) -> list[int]:
@@ -93,6 +107,50 @@ def _grid(b: DictConfig) -> tuple[list[Setting], list[int], list[int], list[int]
     return grid, fitted, heldout, seeds
 
 
+def _drafter_kind(cfg: DictConfig, grid: list[Setting]) -> str:
+    """``bench.drafter`` checked against the grid and the run (ValueError naming the fix)."""
+    b = cfg.bench
+    trained = ((b.get("trained") or {}).get("bench") or {}).get("drafter")
+    for kind in [str(b.get("drafter", "oracle"))] + ([str(trained)] if trained else []):
+        if kind not in DRAFTERS:
+            raise ValueError(f"cost_model: bench.drafter is one of {', '.join(DRAFTERS)}, got {kind!r}")
+    kind = str(b.get("drafter", "oracle"))
+    if kind == "oracle":
+        return kind
+    if not cfg.get("checkpoint"):
+        raise ValueError(f"cost_model: bench.drafter={kind} measures a real drafter of a checkpoint; give "
+                         f"checkpoint=<dir> (bench.trained gives the trained pair's) or bench.drafter=oracle")
+    if kind != "png" and any(s.D > 1 for s in grid if s.S):
+        raise ValueError(f"cost_model: the {kind} drafter drafts one greedy chain a sequence; set bench.D=[1] (png "
+                         f"drafts several)")
+    if not any(s.S and s.D == 1 for s in grid):
+        raise ValueError("cost_model: the measured acceptance is estimated from single chains (D = 1); add 1 to "
+                         "bench.D or a strategy to bench.single_draft")
+    if kind == "draft_model" and not b.get("draft_checkpoint"):
+        raise ValueError("cost_model: the draft_model drafter needs bench.draft_checkpoint=<dir of the draft model> "
+                         "(bench.trained sets the distilled draft)")
+    return kind
+
+
+def _pools(cfg: DictConfig, model, Tp: int) -> tuple[str, dict[str, list[tuple[int, list[int]]]]]:
+    """(set name, {phase: [(prompt index, its last Tp tokens), ...]}) of a measured run: the first half of the set
+    of ``data=`` are the fit prompts, the second half the held-out prompts of every evaluation (module doc)."""
+    name, texts = prompt_set(cfg, model)
+    if texts is None:
+        raise ValueError(f"cost_model: {name}")
+    if len(texts) < 2:
+        raise ValueError(f"cost_model: {name} has {len(texts)} prompt; the measured acceptance needs at least 2 (half "
+                         f"to fit, half held out): raise data.num_prompts")
+    cut = list(enumerate(t[-Tp:] for t in texts))
+    return name, {"fit": cut[:len(cut) // 2], "eval": cut[len(cut) // 2:]}
+
+
+def _choose(pool: list, batch: int, seed: int) -> list[tuple[int, list[int]]]:
+    """``batch`` prompts of ``pool`` in a seeded order (cycling through it when the batch is larger)."""
+    order = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [pool[order[i % len(pool)]] for i in range(batch)]
+
+
 def _iters(b: DictConfig, batch: int) -> int:
     """Timed steps of a point: bench.iters, and at least bench.min_sequence_steps / batch."""
     return max(int(b.iters), math.ceil(int(b.get("min_sequence_steps", 0)) / batch))
@@ -103,8 +161,11 @@ def _horizon(b: DictConfig, batch: int, smax: int) -> int:
     return 1 + (max(int(b.warmup), 1) + _iters(b, batch) + 1) * (smax + 1) + smax
 
 
-def _measure(model, setting: Setting, *, batch: int, ids, reference, H: int, b: DictConfig, seed: int, graph: bool,
+def _measure(model, setting: Setting, *, inputs: tuple, reference, H: int, b: DictConfig, drafter, graph: bool,
              base: dict) -> dict:
+    """One setting's throughput row on ``inputs`` (ids, valid, prompts) with ``drafter`` (None at S = 0)."""
+    ids, valid, prompts = inputs
+    batch = ids.shape[0]
     spec = SpecConfig(draft_len=setting.S, num_drafts=setting.D, buffer_size=int(b.R))
     fit_ok, need, free = plan_point(model, setting.strategy, batch=batch, prompt_len=ids.shape[1], new_tokens=H,
                                     spec=spec)
@@ -112,20 +173,18 @@ def _measure(model, setting: Setting, *, batch: int, ids, reference, H: int, b: 
         return {**base, "status": "skipped", "planned_bytes": need,
                 "reason": f"needs {need} bytes beside the weights but {free} are free"}
     eng = None
+    oracle = base["acceptance"] != "measured"
     try:
-        drafter = None
-        if setting.S:
-            drafter = Oracle(p=float(b.alpha), draft_len=setting.S, num_drafts=setting.D, reference=reference,
-                             vocab_size=model.cfg.vocab_size, seed=seed, forced=True)
         eng = Engine(model, batch=batch, prefill_len=ids.shape[1], max_new_tokens=H, strategy=setting.strategy,
                      drafter=drafter, spec=spec, cuda_graph=graph)
-        eng.prefill(ids, torch.ones_like(ids, dtype=torch.bool))
+        eng.prefill(ids, valid, prompts)
         # the best of D chains: its designed columns (bench/designed.py) take this law, not one chain's
         expect = expected_accepted(float(b.alpha), draft_len=setting.S, num_drafts=setting.D) if setting.S else 0.0
         row = throughput_row(eng, warmup=int(b.warmup), iters=_iters(b, batch),
-                             reference=reference if setting.S else None, oracle_alpha=float(b.alpha),
-                             expected=expect if setting.S else None, **base, planned_bytes=need)
-        row.update(tokens_per_s_at_alpha=1000.0 * batch * (1 + expect) / row["ms_p50"])
+                             reference=reference if setting.S else None, oracle_alpha=float(b.alpha) if oracle else None,
+                             expected=expect if setting.S and oracle else None, **base, planned_bytes=need)
+        if oracle:
+            row.update(tokens_per_s_at_alpha=1000.0 * batch * (1 + expect) / row["ms_p50"])
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not _is_oom(e):
             raise
@@ -139,38 +198,116 @@ def run_cost_model(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``cost_model`` (module doc)."""
     b = cfg.bench
     grid, fitted, heldout, seeds = _grid(b)
+    kind = _drafter_kind(cfg, grid)
+    oracle = kind == "oracle"
     device = str(cfg.device)
     graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
     Tp, smax = int(b.prompt_len), max(s.S for s in grid)
-    alpha = float(b.alpha)
     min_tok = int(cfg.data.get("min_token_id", 3))
     passes = [("fit", int(b.fit_seed), fitted), *(("eval", seed, heldout) for seed in seeds)]
-    for preset in b.presets:
+    room = Tp + max(_horizon(b, x, smax) for x in fitted + heldout) + 16
+    for preset, model in _models(cfg, b, room):
         start = time.perf_counter()
-        model = model_for(cfg, preset, Tp + max(_horizon(b, x, smax) for x in fitted + heldout) + 16)
+        pset, pools = _pools(cfg, model, Tp) if not oracle else (None, None)
+        make = _real_drafters(cfg, kind, model, room) if not oracle else None
+        alpha = float(b.alpha) if oracle else None  # measured: estimated from the fit phase (module doc)
         measured: dict[tuple[str, int, int, str], dict] = {}  # (phase, seed, batch, setting) -> measure row
         for phase, seed, batches in passes:
+            if alpha is None and phase == "eval":  # the fit prompts' acceptance, before any held-out row
+                alpha, row = _acceptance(preset, kind, pset, measured, pools)
+                yield row
             for bsz in track(batches, desc=f"{preset} {phase} seed {seed}"):
                 H = _horizon(b, bsz, smax)
-                ids = synthetic_prompts(bsz, Tp, model.cfg.vocab_size, seed=seed, min_token_id=min_tok, device=device)
-                reference = generate(model, ids.tolist(), max_new_tokens=H, strategy="autoregressive",
+                used = None
+                if oracle:
+                    ids = synthetic_prompts(bsz, Tp, model.cfg.vocab_size, seed=seed, min_token_id=min_tok,
+                                            device=device)
+                    valid, prompts = torch.ones_like(ids, dtype=torch.bool), ids.tolist()
+                else:  # prompts of this phase's half of the set only
+                    used, prompts = zip(*_choose(pools[phase], bsz, seed))
+                    prompts = list(prompts)
+                    ids, valid = pad_group(prompts, Tp, model.cfg.pad_token_id, device)
+                reference = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",
                                      cuda_graph=graph).sequences
                 release(device)
                 for s in grid:
                     base = dict(model=preset, kind="measure", phase=phase, setting=s.label, strategy=s.strategy,
                                 S=s.S, D=s.D, tokens=s.tokens, batch=bsz, prompt_len=Tp,
-                                dtype=C.dtype_name(model.dtype), acceptance="oracle" if s.S else "none",
-                                alpha=alpha if s.S else None, oracle="forced" if s.S else None, seed=seed)
+                                dtype=C.dtype_name(model.dtype),
+                                acceptance=("oracle" if oracle else "measured") if s.S else "none",
+                                alpha=alpha if s.S and oracle else None, oracle="forced" if s.S and oracle else None,
+                                drafter=kind if s.S else "none", seed=seed)
+                    if not oracle:
+                        base.update(set=pset, prompt_ids=list(used))
                     t0 = time.perf_counter()
-                    row = _measure(model, s, batch=bsz, ids=ids, reference=reference, H=H, b=b, seed=seed,
-                                   graph=graph, base=base)
+                    drafter = None
+                    if s.S:
+                        drafter = make(s) if make else Oracle(p=alpha, draft_len=s.S, num_drafts=s.D,
+                                                              reference=reference, vocab_size=model.cfg.vocab_size,
+                                                              seed=seed, forced=True)
+                    row = _measure(model, s, inputs=(ids, valid, prompts), reference=reference, H=H, b=b,
+                                   drafter=drafter, graph=graph, base=base)
                     row["point_wall_s"] = time.perf_counter() - t0
                     measured[(phase, seed, bsz, s.label)] = row
                     yield row
         wall = time.perf_counter() - start
         del model
+        make = None
         release(device)
-        yield from _score(preset, grid, alpha, measured, fit_seed=int(b.fit_seed), measure_wall_s=wall)
+        extra = {} if oracle else dict(drafter=kind, set=pset, fit_prompts=[i for i, _ in pools["fit"]],
+                                       eval_prompts=[i for i, _ in pools["eval"]],
+                                       alpha_source="measured: single chains of the fit phase (policy.fit_alpha)")
+        yield from _score(preset, grid, alpha, measured, fit_seed=int(b.fit_seed), measure_wall_s=wall,
+                          acceptance="oracle" if oracle else "measured", extra=extra)
+
+
+def _models(cfg: DictConfig, b: DictConfig, room: int):
+    """(label, model) per preset, one at a time; a checkpoint replaces the presets."""
+    if cfg.get("checkpoint"):
+        model = C.make_model(cfg, max_seq_len=room)
+        yield model.cfg.name, model
+        return
+    for preset in b.presets:
+        yield str(preset), model_for(cfg, str(preset), room)
+
+
+def _real_drafters(cfg: DictConfig, kind: str, model, room: int):
+    """setting -> a new drafter of ``kind`` for ``model`` (png: D chains of S; mtp: its head; draft_model: the
+    model of ``bench.draft_checkpoint``, loaded once in the target's dtype)."""
+    from ssmspec.bench.real_drafters import measured_drafter
+    from ssmspec.drafting.mtp import check_head
+    from ssmspec.models.loading import load_model
+
+    if kind == "mtp":
+        check_head(model.cfg)
+    draft = None
+    if kind == "draft_model":
+        draft = load_model(str(cfg.bench.draft_checkpoint), device=str(cfg.device), dtype=model.dtype, max_seq_len=room)
+    ngram = int(cfg.bench.get("ngram", 3))
+    return lambda s: measured_drafter(kind, target=model, draft=draft, draft_len=s.S,
+                                      **(dict(ngram=ngram, num_drafts=s.D) if kind == "png" else {}))
+
+
+def _acceptance(preset: str, kind: str, pset: str, measured: dict, pools: dict) -> tuple[float, dict]:
+    """(alpha, the ``kind: acceptance`` row) from the fit phase's measured single chains (``policy.fit_alpha``), with
+    every setting's measured mean accepted length on the fit prompts beside the one alpha predicts."""
+    ok = [r for (phase, *_), r in measured.items() if phase == "fit" and r["status"] == "ok" and r["S"]]
+    try:
+        alpha, steps = fit_alpha([(r["S"], r["accepted_hist"]) for r in ok if r["D"] == 1])
+    except ValueError as e:
+        raise ValueError(f"cost_model: {e}: no single-chain setting ran at a fitted batch; lower bench.fit_batch") from e
+    per: dict[str, list[int]] = {}
+    for r in ok:
+        acc = per.setdefault(r["setting"], [0, 0, r["S"], r["D"]])
+        acc[0] += sum(int(a) * n for a, n in r["accepted_hist"].items())
+        acc[1] += sum(r["accepted_hist"].values())
+    settings = {label: dict(measured=a / max(n, 1), predicted=expected_accepted(alpha, draft_len=S, num_drafts=D))
+                for label, (a, n, S, D) in per.items()}
+    log.info("%s: measured acceptance alpha %.3f over %d single-chain steps of the fit prompts (%s)", preset, alpha,
+             steps, kind)
+    return alpha, dict(model=preset, kind="acceptance", phase="fit", drafter=kind, set=pset, acceptance="measured",
+                       alpha=alpha, steps=steps, per_setting=settings, fit_prompts=[i for i, _ in pools["fit"]],
+                       status="ok")
 
 
 def _tables(measured: dict, phase: str, column: str) -> dict[tuple[int, int], dict[str, float]]:
@@ -183,7 +320,7 @@ def _tables(measured: dict, phase: str, column: str) -> dict[tuple[int, int], di
 
 
 def _score(preset: str, grid: list[Setting], alpha: float, measured: dict, *, fit_seed: int,
-           measure_wall_s: float) -> Iterator[dict]:
+           measure_wall_s: float, acceptance: str = "oracle", extra: dict | None = None) -> Iterator[dict]:
     """Fit rows, then the three choosers scored at the held-out batches (``cost_model_scoring.heldout_rows``)."""
     pts = [dict(strategy=r["strategy"], batch=r["batch"], S=r["S"], D=r["D"], ms=r["ms_p50"])
            for (phase, *_), r in measured.items() if phase == "fit" and r["status"] == "ok"]
@@ -204,11 +341,11 @@ def _score(preset: str, grid: list[Setting], alpha: float, measured: dict, *, fi
         bare, _ = pick(model, B, alpha, cands, fits=fits, calibrated=False)
         return choice.label, dict(predicted_tokens_per_s=predicted, model_only_setting=bare.label)
 
-    rows = heldout_rows(fit=fit_tables, evals=evals, policy=policy, at_alpha=_tables(measured, "eval",
-                                                                                      "tokens_per_s_at_alpha"),
-                        common=dict(model=preset, alpha=alpha, acceptance="oracle"),
+    at_alpha = _tables(measured, "eval", "tokens_per_s_at_alpha") if acceptance == "oracle" else None
+    rows = heldout_rows(fit=fit_tables, evals=evals, policy=policy, at_alpha=at_alpha,
+                        common=dict(model=preset, alpha=alpha, acceptance=acceptance),
                         split_extra=dict(fit_seed=fit_seed, settings=[s.label for s in grid],
-                                         measure_wall_s=measure_wall_s))
+                                         measure_wall_s=measure_wall_s, **(extra or {})))
     for r in rows:
         if r["kind"] == "range":
             extra = "".join(f", {k} {r[k]}" for k in ("vs_best_fixed", "vs_nearest_fitted") if k in r)

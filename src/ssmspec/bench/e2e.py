@@ -49,6 +49,11 @@ prompts of ``data=`` (a prompt set on disk, e.g. ``data=mtbench``; ``data=synthe
 Each prompt is tokenised by the checkpoint's tokenizer and cut to its last ``bench.prompt_len`` tokens, so
 every batch point prefills the same width; a batch larger than the set cycles through it. Rows then say
 ``acceptance: measured`` and ``drafter: png``, and the accepted counts are what the drafter earned.
+``bench.measured_drafters`` (a checkpoint only) runs every speculative line once per real drafter it lists,
+labelled ``replay spec S=4 + mtp`` etc.: ``mtp`` (the checkpoint's own MTP head, as seed 000 drafts), ``draft_model``
+(the model of ``bench.draft_checkpoint``, loaded in the target's dtype) and ``png``. Their rows carry ``ref_match``
+against the target's autoregressive output of the same prompts (greedy verification is lossless: 1.0 in float32).
+``bench.trained`` (``bench/trained_rows.py``) runs exactly this on the pairs the suite trains: the (acc) rows.
 """
 from __future__ import annotations
 
@@ -67,7 +72,6 @@ from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.drafting.costed import CostedOracle
 from ssmspec.drafting.draft_model import DraftModel
 from ssmspec.drafting.oracle import DRAWS, Oracle
-from ssmspec.drafting.png import PromptNgram
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
 from ssmspec.engine.memory import HEADROOM, fmt_bytes, free_bytes, plan_bytes
@@ -85,21 +89,22 @@ def expected_accepted(alpha: float, S: int) -> float:
     return sum(alpha ** k for k in range(1, S + 1))
 
 
-def lines(b: DictConfig) -> list[tuple[str, str, int]]:
-    """(line label, strategy, S) of every curve: standard decode first, then the speculative lines."""
-    out = [("autoregressive", "autoregressive", 0), ("replay", "replay", 0)]
-    out += [(f"snapshot spec S={int(s)}", "snapshot", int(s)) for s in b.snapshot_S]
-    out += [(f"replay spec S={int(s)}", "replay", int(s)) for s in b.replay_S]
-    return out
+def lines(b: DictConfig, kinds=("oracle",), *, tag: bool = False) -> list[tuple[str, str, int, str]]:
+    """(line label, strategy, S, drafter) of every curve: standard decode first, then the speculative lines, each
+    once per drafter of ``kinds`` (``tag``: labelled ``<line> + <drafter>``)."""
+    out = [("autoregressive", "autoregressive", 0, "none"), ("replay", "replay", 0, "none")]
+    spec = [(f"snapshot spec S={int(s)}", "snapshot", int(s)) for s in b.snapshot_S]
+    spec += [(f"replay spec S={int(s)}", "replay", int(s)) for s in b.replay_S]
+    return out + [(f"{label} + {k}" if tag else label, st, S, k) for label, st, S in spec for k in kinds]
 
 
-def draft_lines(b: DictConfig, preset: str) -> list[tuple[str, str, int, str]]:
-    """(line label, strategy, S, draft preset) of the draft-model lines of ``preset`` (``bench.drafts``)."""
+def draft_lines(b: DictConfig, preset: str) -> list[tuple[str, str, int, str, str]]:
+    """(line label, strategy, S, drafter, draft preset) of the draft-model lines of ``preset`` (``bench.drafts``)."""
     draft = (b.get("drafts") or {}).get(preset)
     if not draft:
         return []
-    out = [("draft autoregressive", "autoregressive", 0, str(draft))]
-    return out + [(f"replay spec S={int(s)} + draft", "replay", int(s), str(draft)) for s in b.replay_S]
+    out = [("draft autoregressive", "autoregressive", 0, "none", str(draft))]
+    return out + [(f"replay spec S={int(s)} + draft", "replay", int(s), "oracle", str(draft)) for s in b.replay_S]
 
 
 def draft_model_for(cfg: DictConfig, preset: str, room: int):
@@ -215,6 +220,7 @@ def throughput_row(eng: Engine, *, warmup: int, iters: int, reference, oracle_al
 
 
 DRAFTERS = ("auto", "oracle", "png")
+MEASURED = ("mtp", "draft_model", "png")  # bench.measured_drafters: a checkpoint's real drafters
 
 
 def fig8_drafter(cfg: DictConfig) -> str:
@@ -223,6 +229,36 @@ def fig8_drafter(cfg: DictConfig) -> str:
     if kind not in DRAFTERS:
         raise ValueError(f"replay_fig8_throughput: bench.drafter is one of {', '.join(DRAFTERS)}, got {kind!r}")
     return ("png" if cfg.get("checkpoint") else "oracle") if kind == "auto" else kind
+
+
+def _measured_names(b) -> list[str]:
+    names = [str(n) for n in (b.get("measured_drafters") or [])]
+    if set(names) - set(MEASURED) or len(set(names)) != len(names):
+        raise ValueError(f"replay_fig8_throughput: bench.measured_drafters lists distinct real drafters of "
+                         f"{', '.join(MEASURED)}, got {names}")
+    return names
+
+
+def fig8_drafters(cfg: DictConfig) -> list[str]:
+    """The drafters of the speculative lines: ``bench.measured_drafters`` (a checkpoint's real drafters, a line
+    each) or the one drafter of ``bench.drafter``. Also checks the trained rows' block before any row runs."""
+    b = cfg.bench
+    if (b.get("trained") or {}).get("bench"):
+        _measured_names(b.trained.bench)
+    names = _measured_names(b)
+    if not names:
+        return [fig8_drafter(cfg)]
+    if not cfg.get("checkpoint"):
+        raise ValueError("replay_fig8_throughput: bench.measured_drafters measures the real drafters of a checkpoint; "
+                         "give checkpoint=<dir> (bench.trained gives the trained pairs') or set it to null")
+    if str(b.get("drafter", "auto")) != "auto":
+        raise ValueError(f"replay_fig8_throughput: bench.measured_drafters replaces bench.drafter; leave "
+                         f"bench.drafter=auto, got {b.drafter!r}")
+    if "draft_model" in names and not b.get("draft_checkpoint"):
+        raise ValueError("replay_fig8_throughput: the draft_model drafter needs bench.draft_checkpoint=<dir of the "
+                         "draft model> (bench.trained sets the distilled draft); or drop it from "
+                         "bench.measured_drafters")
+    return names
 
 
 def prompt_set(cfg: DictConfig, model) -> tuple[str, list[list[int]] | None]:
@@ -247,21 +283,32 @@ def _models(cfg: DictConfig, b: DictConfig, room: int) -> Iterator[tuple[str, ob
 
 
 def run_fig8(cfg: DictConfig) -> Iterator[dict]:
-    """Fig. 8: emitted tokens/s of every line (module doc) per preset x batch, at the oracle's alpha."""
+    """Fig. 8: emitted tokens/s of every line (module doc) per preset x batch, at the oracle's alpha or with the
+    checkpoint's real drafters."""
+    # here, not at module level: the many benches that import this module's helpers do not load checkpoints
+    from ssmspec.bench.real_drafters import measured_drafter
+    from ssmspec.drafting.mtp import check_head
+    from ssmspec.models.loading import load_model
+
     b = cfg.bench
     check_bench(b, "replay_fig8_throughput")
     device = str(cfg.device)
     graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
     warmup, iters, Tp, R, alpha = int(b.warmup), int(b.iters), int(b.prompt_len), int(b.R), float(b.alpha)
     forced = oracle_forced(b)
-    kind = fig8_drafter(cfg)
-    oracle = kind == "oracle"
+    kinds = fig8_drafters(cfg)
+    oracle = kinds == ["oracle"]  # a run drafts with the oracle or with real drafters, never both
     H = horizon(b)
     seed, min_tok = int(cfg.data.get("seed", 0)), int(cfg.data.get("min_token_id", 3))
     for preset, model in _models(cfg, b, Tp + H + 16):
         V = model.cfg.vocab_size
         extra = [] if cfg.get("checkpoint") or not oracle else draft_lines(b, preset)
-        drafts = {d: draft_model_for(cfg, d, Tp + H + 16) for d in {line[3] for line in extra}}
+        drafts = {d: draft_model_for(cfg, d, Tp + H + 16) for d in {line[4] for line in extra}}
+        if "mtp" in kinds:
+            check_head(model.cfg)
+        real_draft = None
+        if "draft_model" in kinds:  # the checkpoint's draft (bench.trained: the draft distilled from it)
+            real_draft = load_model(str(b.draft_checkpoint), device=device, dtype=model.dtype, max_seq_len=Tp + H + 16)
         real_set = not oracle and str(cfg.data.get("name", "")) != "synthetic"
         pset, texts = prompt_set(cfg, model) if real_set else ("synthetic", None)
         for bsz in track([int(x) for x in b.batch], desc=f"{preset} batches"):
@@ -270,20 +317,23 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
             sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)] if texts else None
             reference, ref_error = None, None
             ar_ms = None  # the draft model's autoregressive step at this batch (its line runs first)
-            for label, strategy, S, dname in [(*line, None) for line in lines(b)] + extra:
+            tag = bool(b.get("measured_drafters"))
+            for label, strategy, S, kind, dname in [(*ln, None) for ln in lines(b, kinds, tag=tag)] + extra:
                 run_model = drafts[dname] if dname and not S else model  # the draft AR line runs the draft
                 Rl = spec_R(b) if S else R  # the decode line's buffer, or the spec lines'
                 spec = SpecConfig(draft_len=S, buffer_size=Rl)
                 base = dict(model=preset, line=label, strategy=strategy, S=S, batch=bsz, prompt_len=Tp,
                             R=Rl if strategy == "replay" else None, dtype=C.dtype_name(model.dtype),
-                            drafter=kind if S else "none",
+                            drafter=kind,
                             acceptance=("oracle" if oracle else "measured") if S else "none",
                             alpha=alpha if S and oracle else None,
                             oracle=("forced" if forced else "compare") if S and oracle else None)
                 if dname:
                     base.update(draft=dname, drafter="oracle + draft_model cost" if S else "none")
+                if kind == "draft_model":
+                    base.update(draft=real_draft.cfg.name)
                 if not oracle:
-                    base.update(set=pset, ngram=int(b.get("ngram", 3)) if S else None,
+                    base.update(set=pset, ngram=int(b.get("ngram", 3)) if kind == "png" else None,
                                 prompt_len_max=max(map(len, sample)) if sample is not None else Tp)
                     if sample is None and real_set:
                         yield {**base, "status": "skipped", "reason": pset}
@@ -300,8 +350,9 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                 elif ids is None:
                     ids = synthetic_prompts(bsz, Tp, V, seed=seed, min_token_id=min_tok, device=device)
                     valid, prompts = torch.ones_like(ids, dtype=torch.bool), ids.tolist()
-                if S and oracle and reference is None and ref_error is None:
-                    try:  # the target's own greedy continuation, once per (model, batch): the oracle's truth
+                if S and reference is None and ref_error is None:
+                    try:  # the target's own greedy continuation, once per (model, batch): the oracle's truth, and
+                        # what real drafters must reproduce (ref_match)
                         reference = generate(model, prompts, max_new_tokens=H, strategy="autoregressive",
                                              cuda_graph=graph).sequences
                     except (torch.OutOfMemoryError, RuntimeError) as e:
@@ -309,7 +360,7 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                             raise
                         ref_error = str(e).splitlines()[0]
                     release(device)
-                if S and oracle and reference is None:
+                if S and reference is None:
                     yield {**base, "status": "oom", "reason": f"reference run out of memory: {ref_error}"}
                     continue
                 eng = None
@@ -321,12 +372,12 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                         if dname:
                             drafter = CostedOracle(drafter, DraftModel(draft=drafts[dname], draft_len=S))
                     elif S:
-                        drafter = PromptNgram(ngram=int(b.get("ngram", 3)), num_drafts=1, draft_len=S)
+                        drafter = measured_drafter(kind, target=model, draft=real_draft, draft_len=S,
+                                                   **({"ngram": int(b.get("ngram", 3))} if kind == "png" else {}))
                     eng = Engine(run_model, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=spec, cuda_graph=graph)
                     eng.prefill(ids, valid, prompts)
-                    row = throughput_row(eng, warmup=warmup, iters=iters,
-                                         reference=reference if S and oracle else None,
+                    row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference if S else None,
                                          oracle_alpha=alpha if oracle else None, **base, planned_bytes=need)
                 except (torch.OutOfMemoryError, RuntimeError) as e:
                     if not _is_oom(e):
@@ -342,6 +393,7 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                 if row["status"] == "ok" and row["ref_match"] is not None and row["ref_match"] < 1.0:
                     log.warning("%s %s B=%d: %.0f%% of sequences left the reference (a near-tie argmax flipped); %s",
                                 preset, label, bsz, 100 * (1 - row["ref_match"]),
+                                "the drafter then drafts for another continuation" if not oracle else
                                 "the forced oracle keeps the designed acceptance" if forced else
                                 "their drafts after that point are wrong and acceptance is below alpha's")
                 if row["status"] == "ok":
@@ -349,5 +401,5 @@ def run_fig8(cfg: DictConfig) -> Iterator[dict]:
                              row["mean_accepted"])
                 yield row
             del reference
-        del model, drafts
+        del model, drafts, real_draft
         release(device)

@@ -45,6 +45,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ssmspec.bench.inputs import track
+from ssmspec.bench.real_drafters import measured_drafter
 from ssmspec.bench.timing import summarize
 
 log = logging.getLogger("ssmspec.bench.trained")
@@ -231,14 +232,8 @@ def _label(opts: dict) -> str:
 
 
 def _drafter(opts: dict, pair: Pair):
-    from ssmspec.drafting import make_drafter
-
     kw = {k: v for k, v in opts.items() if k not in ("name", "strategies")}
-    if opts["name"] == "mtp":
-        kw["target"] = pair.target
-    elif opts["name"] != "png":
-        kw["draft"] = pair.draft
-    return make_drafter(opts["name"], **kw)
+    return measured_drafter(opts["name"], target=pair.target, draft=pair.draft, **kw)
 
 
 def decode_set(pair: Pair, prompts: list[list[int]], b: DictConfig, *, strategy: str, opts: dict | None,

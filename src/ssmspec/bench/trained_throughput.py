@@ -26,6 +26,7 @@ from ssmspec import config as C
 from ssmspec.bench.e2e import _is_oom, throughput_row
 from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.steps_replay import release
+from ssmspec.bench.real_drafters import measured_drafter
 from ssmspec.strategies import SpecConfig
 
 log = logging.getLogger("ssmspec.bench.trained")
@@ -50,16 +51,6 @@ def check_throughput(t: DictConfig) -> None:
 def _horizon(t: DictConfig) -> int:
     """New tokens every engine may emit: all timed steps at the longest chain, plus slack."""
     return (int(t.warmup) + int(t.iters) + 2) * (max(int(s) for s in t.draft_len) + 1)
-
-
-def _drafter(name: str, S: int, target, draft, ngram: dict):
-    from ssmspec.drafting import make_drafter
-
-    if name == "png":
-        return make_drafter("png", draft_len=S, **ngram)
-    if name == "mtp":
-        return make_drafter("mtp", target=target, draft_len=S)
-    return make_drafter("draft_model", draft=draft, draft_len=S)
 
 
 def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b: DictConfig, cfg: DictConfig,
@@ -103,7 +94,8 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                             "autoregressive", "drafter": dname, "S": S}
                 eng = None
                 try:
-                    drafter = _drafter(dname, S, target, draft, ngram) if S else None
+                    drafter = measured_drafter(dname, target=target, draft=draft, draft_len=S,
+                                               **(ngram if dname == "png" else {})) if S else None
                     eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32))),
                                  cuda_graph=graph)

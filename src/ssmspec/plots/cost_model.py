@@ -29,6 +29,15 @@ def _batch_ticks(ax, batches) -> None:
     ax.set_xticks(sorted(batches), [str(int(b)) for b in sorted(batches)])
 
 
+def _acceptance(m: pd.DataFrame, split) -> str:
+    """'oracle alpha 0.7', or for a measured run the alpha measured on the fit prompts and which prompts scored."""
+    if split.get("acceptance") != "measured":
+        return f"oracle alpha {split['alpha']}"
+    fit, held = list(split["fit_prompts"]), list(split["eval_prompts"])
+    return (f"{split['drafter']} drafter, alpha {split['alpha']:.3f} MEASURED on {split['set']} prompts "
+            f"{min(fit)}-{max(fit)} (fit), scored on {min(held)}-{max(held)} (held out)")
+
+
 def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
     """Per model: left, each chooser's score at every held-out batch (mean over the evaluation seeds, their
     range as the bar, each seed a dot) with the goal line and the fitted batches marked; right, tokens/s of
@@ -77,7 +86,8 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
         for k, (label, g) in enumerate(mean.groupby("setting", sort=False)):
             g = g.sort_values("batch")
             S = int(m.loc[m["setting"] == label, "S"].dropna().iloc[0])
-            axt.plot(g["batch"], g["tokens_per_s"], lw=1, color=f"C{k % 10}", ls="-" if S == 0 else "--", label=label)
+            axt.plot(g["batch"], g["tokens_per_s"], lw=1, color=f"C{k % 10}", ls="-" if S == 0 else "--", marker=".",
+                     label=label)
         table = mean.set_index(["setting", "batch"])["tokens_per_s"]
         for name in choosers:
             picks = scored[scored["chooser"] == name][["batch", "setting"]].drop_duplicates()
@@ -85,9 +95,18 @@ def plot_cost_model(df: pd.DataFrame, out: Path) -> None:
                      fillstyle="none", label=f"pick: {NAMES[name]}", **STYLE[name])
         _batch_ticks(axt, split["heldout_batches"])
         axt.set(yscale="log", xlabel="held-out batch", ylabel="tokens / s (mean over eval seeds)",
-                title=f"{model}: every fixed setting, oracle alpha {split['alpha']}")
+                title=f"{model}: every fixed setting\n{_acceptance(m, split)}")
         axt.title.set_fontsize(8)
         axt.legend(fontsize=6, ncol=2)
+        acc = m[m["kind"] == "acceptance"] if "per_setting" in m.columns else m.iloc[0:0]
+        if len(acc):  # the measured alpha's law beside what each setting accepted on the fit prompts
+            per = acc.iloc[0]["per_setting"]
+            held = ev.groupby("setting")["mean_accepted"].mean()  # unweighted over batches and seeds
+            axt.text(0.0, -0.2, "accepted drafts per step: measured on the fit prompts / predicted by alpha / measured "
+                     "on the held-out prompts\n" + "\n".join(f"{k}: {v['measured']:.2f} / {v['predicted']:.2f} / "
+                                                             f"{held.get(k, float('nan')):.2f}" for k, v in per.items()),
+                     transform=axt.transAxes, ha="left", va="top", fontsize=6,
+                     bbox=dict(facecolor="white", alpha=0.8, edgecolor="none"))
         for a in (ax, axt):
             a.grid(True, alpha=0.3)
     first = splits.iloc[0]

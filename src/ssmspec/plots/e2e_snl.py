@@ -97,7 +97,7 @@ def plot_snl_tab5(df: pd.DataFrame, out: Path) -> None:
                        else f"{r['mean_accepted']:.2f} acc")
                 ax.annotate(f"{up:.2f}x\n{acc}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
                             va="bottom", fontsize=5)
-        skipped = df[(df["model"] == model) & (df["status"] == "skipped")]
+        skipped = df[(df["model"] == model) & (df["status"] == "skipped")].reindex(columns=["set", "reason"])
         notes = [f"{s}: skipped, " + ("not on disk (python -m ssmspec.data.fetch)" if "ssmspec.data.fetch" in str(r)
                                       else str(r)[:80])
                  for s, r in dict(zip(skipped["set"], skipped.get("reason", skipped["set"]))).items() if s not in sets]
@@ -220,10 +220,13 @@ def plot_snl_fig4(df: pd.DataFrame, out: Path) -> None:
         right.set_xticks(sorted({int(v) for v in g["drafts"]}))
         if designed:
             right.scatter([], [], marker="x", color="k", label=MEASURED_MARK)
+        spec = g[(g["drafts"] > 0) & (g["acceptance"] == "measured")]
+        accepted = ("\nmeasured accepted drafts per step (mean over batches): " + ", ".join(
+            f"D={int(d)} {a:.2f}" for d, a in spec.groupby("drafts")["mean_accepted"].mean().items())) if len(spec) else ""
         right.set(xlabel="drafts per sequence (0 = autoregressive)",
                   ylabel="decode tokens / s" + (" (curves: designed acceptance)" if designed else ""),
                   title=f"S = {int(g[g['drafts'] > 0]['S'].max()) if (g['drafts'] > 0).any() else 0} tokens per draft, "
-                        f"{int(g['new_tokens'].iloc[0])} new tokens per sequence")
+                        f"{int(g['new_tokens'].iloc[0])} new tokens per sequence{accepted}")
         right.title.set_fontsize(8)
         right.grid(alpha=0.3, which="both")
         right.legend(fontsize=5, ncol=2, loc="best")
