@@ -126,6 +126,8 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
         raise ValueError("models is empty; name at least one family, e.g. models.mamba2.target.preset=tiny-mamba2")
     for fam, pair in models.items():
         _keys(pair, {"target", "draft"}, f"models.{fam}")
+        for role in ("target", "draft"):  # refused before the corpus is read (the tokenizer sets the vocabulary)
+            model_config(pair[role], name=f"{fam}-{role}", vocab_size=int(tc["vocab_size"]), seed=seed)
     corpus = load_corpus(root=cc.get("root"), max_bytes=int(cc.get("max_bytes") or 0),
                          val_fraction=float(cc.get("val_fraction", 0.1)), min_bytes=int(cc.get("min_bytes", 10_000)),
                          seed=seed)
