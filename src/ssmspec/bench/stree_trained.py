@@ -16,8 +16,10 @@ summed step times, ``tau`` = mean accepted + 1, ``speedup`` over autoregressive 
 sets the pair apart, read from its train entry: ``attention_share`` and ``target_pattern`` (the target's config),
 ``draft_steps`` and ``draft_tokens`` (the entry's distillation loop), ``speedup_per_tau`` (seed 003's
 Speed-up / tau), and at temperature 0 ``exact``: ``generate()`` with the line's strategy and drafter, greedy, on
-the run's prompts for ``bench.exact_tokens`` tokens equals autoregressive decoding token for token (greedy
-verification is lossless, so it must; ``null`` at temperature > 0 and for autoregressive).
+seeded synthetic prompts (the timed lines' own while e2e_tree times synthetic prompts) for ``bench.exact_tokens``
+tokens equals autoregressive decoding token for token (greedy
+verification is lossless, so it must at float32; in bf16 on a GPU a near-tie may flip between batch shapes; ``null``
+at temperature > 0 and for autoregressive).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from ssmspec.bench.inputs import synthetic_prompts
 from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.bench.tree_lines import Line, chain
 from ssmspec.drafting.static_tree import resolve_shape
+from ssmspec.models.loading import config_from_checkpoint
 
 # Runner.run builds its model through a preset name; with checkpoint= it loads the checkpoint and the preset only
 # sets the least KV-cache length (512 tokens). Rows name the trained target instead (``model``).
@@ -52,18 +55,12 @@ def run_draft_training(cfg: DictConfig) -> Iterator[dict]:
 def pair_columns(target_dir: Path, draft_dir: Path) -> dict:
     """What sets a trained pair apart (module doc), from its checkpoints' config.json and its entry's manifest."""
     manifest = json.loads((target_dir.parent / "manifest.json").read_text())
-    t_cfg = _model_cfg(target_dir)
+    t_cfg = config_from_checkpoint(target_dir)
     mixers = [c for c in t_cfg.pattern if c in "MG*"]
     distill = manifest["config"]["distill"]
     return {"model": t_cfg.name, "attention_share": mixers.count("*") / len(mixers), "target_pattern": t_cfg.pattern,
-            "draft_pattern": _model_cfg(draft_dir).pattern, "draft_steps": int(distill["steps"]),
+            "draft_pattern": config_from_checkpoint(draft_dir).pattern, "draft_steps": int(distill["steps"]),
             "draft_tokens": int(distill["steps"]) * int(distill["batch"]) * int(distill["seq_len"])}
-
-
-def _model_cfg(path: Path):
-    from ssmspec.models.loading import config_from_checkpoint
-
-    return config_from_checkpoint(path)
 
 
 def _rows(cfg: DictConfig, what: str) -> Iterator[dict]:
@@ -77,8 +74,9 @@ def _rows(cfg: DictConfig, what: str) -> Iterator[dict]:
     if run.kind != "draft":
         raise ValueError(f"{what}: bench.drafter must be draft (the trained pair's draft model), got {run.kind!r}")
     S = int(b.chain_S)
-    if S < 1:
-        raise ValueError(f"{what}: bench.chain_S is the chain's draft length, >= 1; got {S}")
+    if S < 1 or int(b.exact_tokens) < 1:
+        raise ValueError(f"{what}: bench.chain_S (the chain's draft length) and bench.exact_tokens must be >= 1; got "
+                         f"{S} and {b.exact_tokens}")
     parents = resolve_shape(b.shape)
     name = b.shape if isinstance(b.shape, str) else f"custom{len(parents)}"
     lines = [Line("autoregressive", "autoregressive"),
