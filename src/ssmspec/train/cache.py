@@ -8,6 +8,7 @@ the fix (``rm -rf <dir>`` or ``--retrain``).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -66,13 +67,15 @@ def remove_stale_staging(cache_dir: Path) -> None:
 
 class Staging:
     """``with Staging(cache_dir, key) as tmp:`` build the entry in ``tmp``; ``commit(manifest)`` writes the
-    manifest and renames the folder to ``cache_dir/key``; leaving the block without commit removes it."""
+    manifest and renames the folder to ``cache_dir/key``; leaving the block without commit removes it (and the
+    folder above it when it made it and left it empty)."""
 
     def __init__(self, cache_dir: Path, key: str) -> None:
         self.final = cache_dir / key
         self.tmp = cache_dir / f".tmp-{key}-{os.getpid()}"
 
     def __enter__(self) -> Path:
+        self.made_parent = not self.final.parent.exists()
         self.final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_staging(self.final.parent)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -93,3 +96,6 @@ class Staging:
 
     def __exit__(self, *exc) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.made_parent:  # a folder this run made (cache_dir/targets): removed when left empty, so nothing stays
+            with contextlib.suppress(OSError):  # not empty: an entry committed, or another run's staging
+                self.final.parent.rmdir()

@@ -1,0 +1,119 @@
+"""STree measured on the pairs the suite trains (seed 003): ``stree_tab5_hybrid_ratio`` (Table 5: tokens/s and
+accepted length vs the share of attention layers of a hybrid target) and ``stree_tab6_draft_training`` (Table 6: the
+same vs the draft's distillation steps), vanilla SD (a chain) against STree (a static tree) at every temperature.
+
+Both are ``stree_tab3_e2e``'s lines (``bench/e2e_tree.py``: its ``Runner`` times the engine's steps) with the real
+draft model, run once per trained pair: ``bench.trained`` (``bench/trained_rows.py``) trains one pair per variant
+(``trained.variants``: the target's ``attention_share``, or ``distill.steps``; ``train/targets.py`` trains a target
+that several variants share once) and calls this bench with ``checkpoint=`` the target and ``bench.draft_checkpoint``
+its draft. There are no rows on random weights (``trained.only``): the oracle's acceptance would be designed, and
+what these tables measure is how acceptance and the cost of a step move together.
+
+Lines: ``autoregressive``; ``chain S=<chain_S>`` (``bench.chain_strategy``, activation replay as the seed's SD;
+the draft's chain, sampled at temperature > 0 and verified by speculative sampling); ``tree <shape>`` (``stree``,
+the draft's static tree, verified by multi-step speculative sampling). Rows are e2e_tree's (tokens/s over the
+summed step times, ``tau`` = mean accepted + 1, ``speedup`` over autoregressive at the same temperature) plus what
+sets the pair apart, read from its train entry: ``attention_share`` and ``target_pattern`` (the target's config),
+``draft_steps`` and ``draft_tokens`` (the entry's distillation loop), ``speedup_per_tau`` (seed 003's
+Speed-up / tau), and at temperature 0 ``exact``: ``generate()`` with the line's strategy and drafter, greedy, on
+seeded synthetic prompts (the timed lines' own while e2e_tree times synthetic prompts) for ``bench.exact_tokens``
+tokens equals autoregressive decoding token for token (greedy
+verification is lossless, so it must at float32; in bf16 on a GPU a near-tie may flip between batch shapes; ``null``
+at temperature > 0 and for autoregressive).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from ssmspec.bench.e2e_tree import Runner
+from ssmspec.bench.inputs import synthetic_prompts
+from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.bench.tree_lines import Line, chain
+from ssmspec.drafting.static_tree import resolve_shape
+from ssmspec.models.loading import config_from_checkpoint
+
+# Runner.run builds its model through a preset name; with checkpoint= it loads the checkpoint and the preset only
+# sets the least KV-cache length (512 tokens). Rows name the trained target instead (``model``).
+ROOM_PRESET = "tiny-hybrid"
+
+
+def run_hybrid_ratio(cfg: DictConfig) -> Iterator[dict]:
+    """Table 5: SD vs STree on each trained hybrid target (``trained.variants``: its attention share)."""
+    yield from _rows(cfg, "stree_tab5_hybrid_ratio")
+
+
+def run_draft_training(cfg: DictConfig) -> Iterator[dict]:
+    """Table 6: SD vs STree with drafts distilled for each step count (``trained.variants``: distill.steps)."""
+    yield from _rows(cfg, "stree_tab6_draft_training")
+
+
+def pair_columns(target_dir: Path, draft_dir: Path) -> dict:
+    """What sets a trained pair apart (module doc), from its checkpoints' config.json and its entry's manifest."""
+    manifest = json.loads((target_dir.parent / "manifest.json").read_text())
+    t_cfg = config_from_checkpoint(target_dir)
+    mixers = [c for c in t_cfg.pattern if c in "MG*"]
+    distill = manifest["config"]["distill"]
+    return {"model": t_cfg.name, "attention_share": mixers.count("*") / len(mixers), "target_pattern": t_cfg.pattern,
+            "draft_pattern": config_from_checkpoint(draft_dir).pattern, "draft_steps": int(distill["steps"]),
+            "draft_tokens": int(distill["steps"]) * int(distill["batch"]) * int(distill["seq_len"])}
+
+
+def _rows(cfg: DictConfig, what: str) -> Iterator[dict]:
+    b = cfg.bench
+    target, draft = cfg.get("checkpoint"), b.get("draft_checkpoint")
+    if not target or not draft or not (Path(str(target)).parent / "manifest.json").is_file():
+        raise ValueError(f"{what} is measured on the pairs the suite trains only: keep bench.trained (with "
+                         f"only: true) so that every variant's target and draft come from `python -m ssmspec train`; "
+                         f"checkpoint= and bench.draft_checkpoint= alone name no trained pair")
+    run = Runner(cfg, what)
+    if run.kind != "draft":
+        raise ValueError(f"{what}: bench.drafter must be draft (the trained pair's draft model), got {run.kind!r}")
+    S = int(b.chain_S)
+    if S < 1 or int(b.exact_tokens) < 1:
+        raise ValueError(f"{what}: bench.chain_S (the chain's draft length) and bench.exact_tokens must be >= 1; got "
+                         f"{S} and {b.exact_tokens}")
+    parents = resolve_shape(b.shape)
+    name = b.shape if isinstance(b.shape, str) else f"custom{len(parents)}"
+    lines = [Line("autoregressive", "autoregressive"),
+             Line(f"chain S={S}", str(b.chain_strategy), chain(S), shape=f"chain{S}"),
+             Line(f"tree {name}", "stree", parents, shape=name)]
+    temps = [(float(t), 0.0, 0.0) for t in b.temperature]  # (temperature, alpha, rank_decay): no oracle here
+    if not temps or min(t for t, _, _ in temps) < 0:
+        raise ValueError(f"{what}: bench.temperature needs values >= 0, got {list(b.temperature)}")
+    pair = pair_columns(Path(str(target)), Path(str(draft)))
+    rows = list(run.run(ROOM_PRESET, lines, temps, extra={k: v for k, v in pair.items() if k != "model"}))
+    exact = _exact(cfg, run, lines) if 0.0 in [t for t, _, _ in temps] else {}
+    for r in rows:
+        r["model"] = pair["model"]
+        if r.get("status") == "ok":
+            r["speedup_per_tau"] = r["speedup"] / r["tau"] if r.get("speedup") is not None else None
+            r["exact"] = exact.get((r["batch"], r["line"])) if r["temperature"] == 0.0 else None
+        yield r
+
+
+def _exact(cfg: DictConfig, run: Runner, lines: list[Line]) -> dict[tuple[int, str], bool]:
+    """{(batch, line): greedy ``generate()`` of the line equals autoregressive on the run's prompts} (module doc)."""
+    from ssmspec.engine.generate import generate
+
+    b = cfg.bench
+    new, Tp, R = int(b.exact_tokens), int(b.prompt_len), int(b.get("R", 16))
+    model = model_for(cfg, ROOM_PRESET, Tp + new * 2 + 64)
+    out = {}
+    for bsz in [int(x) for x in b.batch]:
+        ids = synthetic_prompts(bsz, Tp, model.cfg.vocab_size, seed=run.seed, min_token_id=run.min_tok,
+                                device=run.device).tolist()
+        want = generate(model, ids, max_new_tokens=new, cuda_graph=run.graph).sequences
+        for line in lines[1:]:  # the drafting lines (lines[0] is autoregressive)
+            drafter, _ = run.drafter(model, line, temperature=0.0, alpha=0.0, decay=0.0, reference=None)
+            spec = dataclasses.replace(drafter.spec, buffer_size=R)
+            got = generate(model, ids, max_new_tokens=new, strategy=line.strategy, drafter=drafter, spec=spec,
+                           cuda_graph=run.graph).sequences
+            out[bsz, line.label] = got == want
+    del model
+    release(run.device)
+    return out
