@@ -9,21 +9,24 @@ that several variants share once) and calls this bench with ``checkpoint=`` the 
 its draft. There are no rows on random weights (``trained.only``): the oracle's acceptance would be designed, and
 what these tables measure is how acceptance and the cost of a step move together.
 
+Prompts: the set ``bench.trained.data`` names (HumanEval), through e2e_tree's ``Runner`` (``bench/tree_prompts.py``):
+the prompts with at least ``bench.prompt_len`` tokens in the pair's tokenizer, their last ``prompt_len`` tokens, in
+``bench.groups`` groups of ``batch``, each decoded by an engine of its own and pooled into one row (rows name ``set``,
+``prompts``, ``groups`` and ``prompt_sha256``).
+
 Lines: ``autoregressive``; ``chain S=<chain_S>`` (``bench.chain_strategy``, activation replay as the seed's SD;
 the draft's chain, sampled at temperature > 0 and verified by speculative sampling); ``tree <shape>`` (``stree``,
 the draft's static tree, verified by multi-step speculative sampling). Rows are e2e_tree's (tokens/s over the
-summed step times, ``tau`` = mean accepted + 1, ``speedup`` over autoregressive at the same temperature) plus what
-sets the pair apart, read from its train entry: ``attention_share`` and ``target_pattern`` (the target's config),
-``draft_steps`` and ``draft_tokens`` (the entry's distillation loop), ``speedup_per_tau`` (seed 003's
-Speed-up / tau), and at temperature 0 ``exact``: ``generate()`` with the line's strategy and drafter, greedy, on
-seeded synthetic prompts (the timed lines' own while e2e_tree times synthetic prompts) for ``bench.exact_tokens``
-tokens equals autoregressive decoding token for token (greedy
-verification is lossless, so it must at float32; in bf16 on a GPU a near-tie may flip between batch shapes; ``null``
-at temperature > 0 and for autoregressive).
+summed step times, ``tau`` = mean accepted + 1, ``speedup`` over autoregressive at the same temperature; at
+temperature 0 ``ref_match`` and ``exact``: the line's emitted tokens on the timed prompts against the target's
+greedy autoregressive continuation of them -- greedy verification is lossless, so they must agree token for token
+at float32; in bf16 on a GPU a near-tie may flip between batch shapes; ``None`` at temperature > 0) plus what sets
+the pair apart, read from its train entry: ``attention_share`` and ``target_pattern`` (the target's config),
+``draft_steps`` and ``draft_tokens`` (the entry's distillation loop), and ``speedup_per_tau`` (seed 003's
+Speed-up / tau).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +34,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ssmspec.bench.e2e_tree import Runner
-from ssmspec.bench.inputs import synthetic_prompts
-from ssmspec.bench.steps_replay import model_for, release
 from ssmspec.bench.tree_lines import Line, chain
 from ssmspec.drafting.static_tree import resolve_shape
 from ssmspec.models.loading import config_from_checkpoint
@@ -74,9 +75,8 @@ def _rows(cfg: DictConfig, what: str) -> Iterator[dict]:
     if run.kind != "draft":
         raise ValueError(f"{what}: bench.drafter must be draft (the trained pair's draft model), got {run.kind!r}")
     S = int(b.chain_S)
-    if S < 1 or int(b.exact_tokens) < 1:
-        raise ValueError(f"{what}: bench.chain_S (the chain's draft length) and bench.exact_tokens must be >= 1; got "
-                         f"{S} and {b.exact_tokens}")
+    if S < 1:
+        raise ValueError(f"{what}: bench.chain_S is the chain's draft length, >= 1; got {S}")
     parents = resolve_shape(b.shape)
     name = b.shape if isinstance(b.shape, str) else f"custom{len(parents)}"
     lines = [Line("autoregressive", "autoregressive"),
@@ -86,34 +86,9 @@ def _rows(cfg: DictConfig, what: str) -> Iterator[dict]:
     if not temps or min(t for t, _, _ in temps) < 0:
         raise ValueError(f"{what}: bench.temperature needs values >= 0, got {list(b.temperature)}")
     pair = pair_columns(Path(str(target)), Path(str(draft)))
-    rows = list(run.run(ROOM_PRESET, lines, temps, extra={k: v for k, v in pair.items() if k != "model"}))
-    exact = _exact(cfg, run, lines) if 0.0 in [t for t, _, _ in temps] else {}
-    for r in rows:
+    for r in run.run(ROOM_PRESET, lines, temps, extra={k: v for k, v in pair.items() if k != "model"}):
         r["model"] = pair["model"]
         if r.get("status") == "ok":
             r["speedup_per_tau"] = r["speedup"] / r["tau"] if r.get("speedup") is not None else None
-            r["exact"] = exact.get((r["batch"], r["line"])) if r["temperature"] == 0.0 else None
         yield r
 
-
-def _exact(cfg: DictConfig, run: Runner, lines: list[Line]) -> dict[tuple[int, str], bool]:
-    """{(batch, line): greedy ``generate()`` of the line equals autoregressive on the run's prompts} (module doc)."""
-    from ssmspec.engine.generate import generate
-
-    b = cfg.bench
-    new, Tp, R = int(b.exact_tokens), int(b.prompt_len), int(b.get("R", 16))
-    model = model_for(cfg, ROOM_PRESET, Tp + new * 2 + 64)
-    out = {}
-    for bsz in [int(x) for x in b.batch]:
-        ids = synthetic_prompts(bsz, Tp, model.cfg.vocab_size, seed=run.seed, min_token_id=run.min_tok,
-                                device=run.device).tolist()
-        want = generate(model, ids, max_new_tokens=new, cuda_graph=run.graph).sequences
-        for line in lines[1:]:  # the drafting lines (lines[0] is autoregressive)
-            drafter, _ = run.drafter(model, line, temperature=0.0, alpha=0.0, decay=0.0, reference=None)
-            spec = dataclasses.replace(drafter.spec, buffer_size=R)
-            got = generate(model, ids, max_new_tokens=new, strategy=line.strategy, drafter=drafter, spec=spec,
-                           cuda_graph=run.graph).sequences
-            out[bsz, line.label] = got == want
-    del model
-    release(run.device)
-    return out

@@ -72,6 +72,9 @@ def _finish(fig, df: pd.DataFrame, title: str, out: Path) -> None:
     if "train_run" in shown.columns:  # one weights entry per pair would fill the line: name the run and the count
         keys = shown["train_key"].nunique() if "train_key" in shown.columns else 1
         shown["weights"] = f"trained {'/'.join(sorted(set(shown['train_run'].dropna())))} ({keys} pairs)"
+    if "set" in shown.columns:  # where the timed tokens come from (bench/tree_prompts.py)
+        title += (f" -- {'/'.join(sorted(set(shown['set'])))} prompts, {int(shown['prompts'].max())} x "
+                  f"{int(shown['prompt_len'].max())} tokens")
     fig.suptitle(f"{title}\n{provenance(shown)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=130)
