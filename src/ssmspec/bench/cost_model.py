@@ -51,10 +51,10 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.cost_model_scoring import heldout_rows
-from ssmspec.bench.e2e import _is_oom, plan_point, prompt_set, throughput_row
+from ssmspec.bench.e2e import _is_oom, _models, plan_point, prompt_set, throughput_row
 from ssmspec.bench.inputs import synthetic_prompts, track
 from ssmspec.bench.prompt_groups import pad_group
-from ssmspec.bench.steps_replay import model_for, release
+from ssmspec.bench.steps_replay import release
 from ssmspec.drafting.oracle import Oracle, expected_accepted
 from ssmspec.engine import Engine
 from ssmspec.engine.generate import generate
@@ -259,16 +259,6 @@ def run_cost_model(cfg: DictConfig) -> Iterator[dict]:
                                        alpha_source="measured: single chains of the fit phase (policy.fit_alpha)")
         yield from _score(preset, grid, alpha, measured, fit_seed=int(b.fit_seed), measure_wall_s=wall,
                           acceptance="oracle" if oracle else "measured", extra=extra)
-
-
-def _models(cfg: DictConfig, b: DictConfig, room: int):
-    """(label, model) per preset, one at a time; a checkpoint replaces the presets."""
-    if cfg.get("checkpoint"):
-        model = C.make_model(cfg, max_seq_len=room)
-        yield model.cfg.name, model
-        return
-    for preset in b.presets:
-        yield str(preset), model_for(cfg, str(preset), room)
 
 
 def _real_drafters(cfg: DictConfig, kind: str, model, room: int):
