@@ -44,7 +44,6 @@ from ssmspec import paths
 log = logging.getLogger("ssmspec.bench.trained_rows")
 
 
-
 def _train_block(t: DictConfig, variant: dict | None) -> DictConfig:
     """The ``bench``-like block ``bench/trained.py:train_run`` reads, for one variant."""
     overrides = [str(o) for o in t.get("train_overrides") or []]
