@@ -14,6 +14,7 @@ from ssmspec.drafting.registry import DrafterBase
 from ssmspec.engine.generate import generate
 from ssmspec.models.config import load_preset
 from ssmspec.models.model import build_model
+from ssmspec.verify.base import Verdict
 from ssmspec.verify.distributions import target_probs
 from model_forward import next_logits
 
@@ -48,30 +49,40 @@ def engine_buffer(prompts, first: list[int], depth: int, device) -> TokenBuffer:
     return TokenBuffer(tokens.to(device), (n + 1).to(device), n.to(device))
 
 
-def accepted_path(tree: DraftTree, b: int, a: int) -> list[int]:
-    """Tokens of the first-child path under the root in sequence b's tree, ``a`` nodes or until a leaf (host)."""
+def accepted_path(tree: DraftTree, b: int, a: int) -> tuple[list[int], list[int]]:
+    """Tokens and node numbers of the first-child path under the root in sequence b's tree, ``a`` nodes or
+    until a leaf (host)."""
     toks, pars = tree.tokens[b].tolist(), tree.parents[b].tolist()
-    path, node = [], 0
+    path, nodes, node = [], [], 0
     for _ in range(a):
         node = next((i for i, p in enumerate(pars, start=1) if p == node), None)
         if node is None:  # a beam dropped after this layer: nothing deeper to accept
             break
         path.append(toks[node - 1])
-    return path
+        nodes.append(node)
+    return path, nodes
 
 
-def emit(buf: TokenBuffer, tree: DraftTree, accept, vocab: int) -> None:
+def emit(buf: TokenBuffer, tree: DraftTree, accept, vocab: int) -> Verdict:
     """Append accepted drafts + a bonus to every row, in place (the bonus is one the draft did not propose
-    when the row accepts nothing)."""
+    when the row accepts nothing); returns the verdict the engine would hand the drafter (``observe``)."""
     length = buf.length.tolist()
+    S = tree.max_depth()
+    accepted, paths, bonuses = [], [], []
     for b, a in enumerate(accept):
-        if a < 0:
-            continue
-        path = accepted_path(tree, b, a)
+        path, nodes = accepted_path(tree, b, max(a, 0))
         bonus = (buf.tokens[b, length[b] - 1].item() * 7 + 3 + a) % vocab
+        accepted.append(len(path))
+        paths.append([0, *nodes] + [0] * (S - len(nodes)))
+        bonuses.append(bonus)
+        if a < 0:  # a finished row: its verdict is masked, nothing is appended
+            continue
         new = path + [bonus]
         buf.tokens[b, length[b]:length[b] + len(new)] = torch.tensor(new, device=buf.tokens.device)
         buf.length[b] += len(new)
+    dev = buf.tokens.device
+    return Verdict(accepted=torch.tensor(accepted, device=dev), path=torch.tensor(paths, device=dev),
+                   bonus=torch.tensor(bonuses, device=dev))
 
 
 def assert_same(got: DraftTree, want: DraftTree) -> None:
@@ -115,7 +126,7 @@ def test_propose_device_equals_propose(draft, case):
                     torch.testing.assert_close(got.q[b, 3 * c], q, atol=1e-6, rtol=0)
             else:  # the root's children are the draft's top tokens, most likely first
                 assert roots.tolist() == logits.topk(roots.numel()).indices.tolist()
-        emit(buf, got, accept, draft.cfg.vocab_size)
+        dev.observe(emit(buf, got, accept, draft.cfg.vocab_size))  # as the engine's step does
 
 
 
@@ -149,7 +160,9 @@ def test_propose_device_never_syncs_the_host(preset, case):
     for accept in ACCEPT[:3]:
         with no_host_sync():
             tree = d.propose_device(buf)
-        emit(buf, tree, accept, model.cfg.vocab_size)
+        verdict = emit(buf, tree, accept, model.cfg.vocab_size)
+        with no_host_sync():
+            d.observe(verdict)
     with no_host_sync(), pytest.raises(RuntimeError, match="host sync"):  # the guard catches a host drafter
         DrafterBase().propose_device(buf)
 
@@ -194,8 +207,8 @@ def test_captured_propose_device_equals_eager(preset, case):
     with torch.cuda.graph(graph):
         static = graphed.propose_device(bufs[1])
     for accept in ACCEPT:
-        for buf in bufs:
-            emit(buf, want, accept, model.cfg.vocab_size)
+        for d, buf in zip((eager, graphed), bufs):
+            d.observe(emit(buf, want, accept, model.cfg.vocab_size))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:

@@ -143,4 +143,5 @@ class Drafter(Protocol):
         """The same drafts as ``propose`` from the device token buffer."""
 
     def observe(self, verdict) -> None:
-        """Told the verdict of the step (draft models roll their own state back here); device-side."""
+        """Told the verdict of each step before the next ``propose_device`` (the engine's step does it): a draft
+        model's chains resume from its own state after the accepted drafts (``DraftEngine.resume``); device-side."""

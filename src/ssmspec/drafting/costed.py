@@ -4,9 +4,10 @@ on random weights (``replay_fig8_throughput``'s draft-model lines).
 A draft model with random weights is never right, so its own drafts would measure an acceptance of ~0 and
 say nothing about the decode loop at a useful one. ``CostedOracle`` runs the model drafter in full every step
 (the draft engine's absorb call and its S - 1 depth calls: the real drafting cost, timed inside the drafter
-graph) and then proposes the oracle's tokens instead, at the oracle's designed acceptance. The draft absorbs
-what the target emitted, as in a real run, so its state is the draft model's own decoding of the emitted
-sequence and its calls are the same calls. Rows say ``acceptance: oracle`` and name the
+graph) and then proposes the oracle's tokens instead, at the oracle's designed acceptance. The draft is told
+the verdict as in a real run (``observe``), so its absorb calls have a real run's shapes: it resumes from its
+own state after as many of its drafts as the target accepted and feeds the emitted bonus. Its state then
+follows its own drafts where the oracle's differ; a call's cost does not depend on the token values. Rows say ``acceptance: oracle`` and name the
 draft whose cost they carry. Not registered (it needs an oracle's reference): the benchmarks build it.
 """
 from __future__ import annotations
@@ -59,3 +60,4 @@ class CostedOracle(DrafterBase):
 
     def observe(self, verdict) -> None:
         self.oracle.observe(verdict)
+        self.drafter.observe(verdict)  # the same spec: the verdict's layout is the drafter's

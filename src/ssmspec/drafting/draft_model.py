@@ -1,8 +1,9 @@
 """`draft_model`: chains from a small draft HybridLM (e.g. mamba2-130m drafting for mamba2-2.7b).
 
 Each step the draft model's engine (``engine/draft.py``) absorbs what the target emitted since the last
-step (the accepted drafts and the pending token), then continues ``draft_len`` tokens in one drafting row
-per chain that starts from the committed state, so a rejected draft never needs rolling back. Greedy (``temperature=0``): the drafts are the draft model's
+step, resuming from its own state after the accepted drafts (``observe``: they are its tokens, fed at their
+depths last step) so only the bonus is new, then continues ``draft_len`` tokens in one drafting row per chain
+that starts from the committed state, so a rejected draft never needs rolling back. Greedy (``temperature=0``): the drafts are the draft model's
 own greedy continuation of the committed prefix, and ``q`` is None (one-hot for the verifiers). With
 ``temperature > 0`` each token is sampled from the draft distribution (temperature / top-k / top-p) and
 that distribution is recorded in ``DraftTree.q`` for speculative sampling; ``num_drafts`` chains are
@@ -56,6 +57,13 @@ class DraftModel(ModelDrafterBase, DrafterBase):
 
     def generators(self) -> list[torch.Generator]:
         return [] if self.sampling.greedy else [self.gen]
+
+    def observe(self, verdict) -> None:
+        """The accepted drafts are this drafter's own tokens of one chain: the next absorb resumes from the
+        draft's state after them instead of feeding them again (``DraftEngine.resume``). Device ops only."""
+        first = verdict.path[:, 1] if verdict.path.shape[1] > 1 else torch.zeros_like(verdict.accepted)
+        chain = ((first - 1).clamp(min=0) // self.S).clamp(max=self.D - 1)  # node 1 + c*S + j: chain c
+        self.engine.resume(chain, verdict.accepted)
 
     def _draft(self, root: Tensor) -> DraftTree:
         """root (B, V) draft logits after the pending token -> D chains of S tokens (B, D*S)."""

@@ -4,20 +4,29 @@ that keeps its state, KV caches, fixed shapes, device ops only), so any model th
 Each sequence keeps a *committed* state: the draft model after every token of the target's buffer it has
 absorbed (``consumed``), pending token included. One draft step, ``propose_device(buf)`` of a model drafter:
 
-    absorb(buf)       one call of B rows and fixed width A = 1 + S feeds each sequence's new buffer tokens (what
-                      the target accepted since the last step, then its bonus: at most A) from the committed
-                      state, right-padded; the state after the last valid token becomes the committed one, the
-                      valid keys join the KV cache. Returns the draft's logits at the root (the pending token).
+    absorb(buf)       one call of B rows and fixed width A feeds each sequence's new buffer tokens (what the
+                      target accepted since the last step, then its bonus) from the committed state, right-padded;
+                      the state after the last valid token becomes the committed one, the valid keys join the KV
+                      cache. Returns the draft's logits at the root (the pending token).
     step(tokens, k)   calls 1 .. S-1: B*W rows of one token at depth k (W rows per sequence: chains, tree layers
                       or beams), each row continuing from any row of depth k - 1 (``parents``) or from the
                       committed state (depth 1)
 
 Rejected drafts never touch the committed state, so nothing rolls back: the next absorb feeds what the target
 kept. The strategy keeps the states in slots (``StrategyBase.slot_states``; ``snapshot``): slot b is sequence
-b's committed state, then W drafting slots per sequence (2W for drafters that move rows to other parents,
-alternating by depth, so no row overwrites a state another row still reads). Chains update their drafting
-slot in place. Memory: 1 + W states per sequence (1 + 2W with parents), the same state traffic per draft
-token as the draft model's own autoregressive step.
+b's committed state, then the drafting slots.
+
+Chains (rows never change parents: ``draft_model``) keep the state after every depth in a slot of its own,
+W (S - 1) per sequence, and the keys each depth fed (``DraftKV``). The drafter tells the engine what the target
+accepted (``resume(row, depth)``, from the verdict: the accepted drafts are the draft's own tokens of that row),
+so the next absorb starts from the state after the deepest accepted draft it fed and appends that row's keys of
+the accepted depths to the cache: it feeds at most two tokens (the bonus; after a whole chain, also the last
+draft, which no depth call fed), A = 2, whatever S is -- the accepted drafts are not run through the draft
+twice. Without a ``resume`` (host catch-up, a drafter that does not call it) the absorb starts from the
+committed state and feeds up to A tokens a call.
+
+Trees and beams (rows move to other parents) keep 2W drafting slots per sequence, alternating by depth so no row
+overwrites a state another row still reads, and absorb all of an accepted path: A = 1 + S.
 
 The state updates are the draft model's own autoregressive decoding (pads leave a state as it was), so greedy
 drafts equal what its greedy ``generate()`` continues with.
@@ -54,7 +63,9 @@ class DraftEngine:
                  strategy: str | StrategyBase = "snapshot") -> None:
         self.model, self.W, self.S, self.reorders = model, width, depth, reorders
         self.strategy = draft_strategy(strategy)
-        self.A = 1 + depth  # absorb width: a step emits at most the accepted drafts + the bonus
+        self.chains = not reorders and depth > 1  # a slot per depth: absorbs resume at the accepted depth
+        # absorb width: the bonus and, after a whole chain, its last draft (chains); else the accepted path + bonus
+        self.A = 2 if self.chains else 1 + depth
 
     # reset --------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -80,7 +91,8 @@ class DraftEngine:
                                  f"draft's max_seq_len, shorten the prompt or lower max_new_tokens")
             capacity = cfg.max_seq_len
         self.capacity, self.batch, self.prompt_len, self.prompt_max, self.slack = capacity, B, plen, Tp, slack
-        self.P = 2 if self.reorders else 1  # drafting slots per row: alternate by depth when rows move
+        # drafting slots per row: one per depth 1 .. S-1 (chains), or two alternating by depth (rows move)
+        self.P = max(S - 1, 1) if self.chains else (2 if self.reorders else 1)
         self.strategy.allocate_slots(cfg, B * (1 + self.P * W), dev, dtype)
         self.kv = [DraftKV(B, W, S, cfg.n_kv_heads, cfg.attn_head_dim, capacity, max_new=max(Tp, self.A), device=dev,
                            dtype=dtype) for _ in cfg.attention_layers]
@@ -90,12 +102,18 @@ class DraftEngine:
         self.home = torch.arange(B, device=dev)  # (B,) slot of each committed state
         self.anc = torch.zeros(B * W, max(S, 1), dtype=torch.long, device=dev)  # (R, S) row of each depth's ancestor
         self._cols = torch.arange(self.A, device=dev)[None]  # (1, A)
+        self.skip = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) accepted depth the next absorb resumes at
+        self.skip_row = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) drafting row (0 .. W-1) it resumes in
         self._prefill(prompts)
 
-    def _work(self, depth: int, w: Tensor) -> Tensor:
-        """(R,) drafting slot of sequence ``seq`` row ``w`` at ``depth``."""
+    def _work(self, depth: int | Tensor, w: Tensor, seq: Tensor | None = None) -> Tensor:
+        """(R,) drafting slot of sequence ``seq`` (default: each row's) row ``w`` at ``depth``: its own slot per
+        depth (chains), else the slot of the depth's parity."""
+        seq = self.seq if seq is None else seq
+        if self.chains:
+            return self.batch + (seq * self.W + w) * self.P + depth - 1
         parity = depth % self.P
-        return self.batch + (self.seq * self.P + parity) * self.W + w
+        return self.batch + (seq * self.P + parity) * self.W + w
 
     def _prefill(self, prompts: list[list[int]]) -> None:
         """Every prompt, left-padded, into the committed slots and the KV caches; the logits at each last token
@@ -140,27 +158,45 @@ class DraftEngine:
                              f"max_new_tokens={buf.capacity - self.prompt_max - self.slack}) or more")
 
     # one draft step -------------------------------------------------------------------------------
+    def resume(self, row: Tensor, accepted: Tensor) -> None:
+        """Chains: the target accepted ``accepted`` (B,) drafts of drafting row ``row`` (B,) (0 .. W-1) of the
+        last step, the draft's own tokens; the next absorb resumes from that row's state after the deepest of
+        them it fed (module doc). Device ops only; engines of moving rows ignore it."""
+        if self.chains:
+            self.skip.copy_(accepted.clamp(max=self.S - 1))
+            self.skip_row.copy_(row)
+
     @torch.no_grad()
     def absorb(self, buf: TokenBuffer) -> Tensor:
-        """Feed up to A buffer tokens not absorbed yet in one call of width A (module doc); returns (B, V) draft
-        logits (fp32) after each sequence's last absorbed token (the root). Sequences with nothing new keep
-        their last logits. Device ops only."""
+        """Feed up to A buffer tokens not absorbed yet in one call of width A, after the accepted drafts a
+        ``resume`` vouches for (module doc); returns (B, V) draft logits (fp32) after each sequence's last
+        absorbed token (the root). Sequences with nothing new keep their last logits. Device ops only."""
         self.check_buffer(buf)
         B, col, dev = self.batch, self._cols, buf.tokens.device
-        n = (buf.length - self.consumed).clamp(min=0, max=self.A)  # (B,) new tokens this call
+        behind = (buf.length - self.consumed).clamp(min=0)  # (B,) buffer tokens not absorbed yet
+        skip = torch.minimum(self.skip, (behind - 1).clamp(min=0))  # (B,) of them already fed at depths 1..skip
+        n = (behind - skip).clamp(max=self.A)  # (B,) tokens this call feeds
+        start = self.consumed + skip  # (B,) buffer column of the first one
         valid = col < n[:, None]  # (B, A) valid tokens first
-        ids = buf.tokens.gather(1, (self.consumed[:, None] + col).clamp(max=buf.capacity - 1))
+        ids = buf.tokens.gather(1, (start[:, None] + col).clamp(max=buf.capacity - 1))
         ids = torch.where(valid, ids, self.model.cfg.pad_token_id)
+        src = self.home
+        if self.chains:  # the state after depth ``skip`` of the resumed row (skip 0: the committed state)
+            src = torch.where(skip > 0, self._work(skip.clamp(min=1), self.skip_row, self.home), self.home)
+            rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
+            for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
+                kv.cache.append(kv.k[rows].transpose(1, 2), kv.v[rows].transpose(1, 2), skip)
         for kv in self.kv:
             kv.set_call("commit")
-        self.ctx.step = StepInputs(ids, self.consumed[:, None] + col, valid=valid, kv_bound=self.capacity,
-                                   src_slot=self.home, dst_slot=self.home[:, None])
+        self.ctx.step = StepInputs(ids, start[:, None] + col, valid=valid, kv_bound=self.capacity,
+                                   src_slot=src, dst_slot=self.home[:, None])
         h = self.model.hidden(ids, self.ctx)  # (B, A, d)
         last = h.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
         for kv in self.kv:
             kv.cache.commit(torch.arange(B, device=dev), col.expand(B, -1), n)
         self.last.copy_(torch.where((n > 0)[:, None], self.model.logits(last)[:, 0], self.last))
-        self.consumed += n
+        self.consumed += skip + n
+        self.skip.zero_()  # a resume holds for one absorb
         return self.last
 
     @torch.no_grad()
