@@ -12,7 +12,8 @@ the last token the step emitted. A topology ``fanout`` hits a round when (k, b) 
 the asynchronous engine makes when its verdict arrives, so its measured hit rate must agree with these numbers at
 the same pair, temperature and topology. (Only the draft's top ``max(budget) + 1`` logits per depth are kept;
 the keys of any fan-out within the budget are the same.) Rounds count when the sequence ran and its step was not
-cut at the token budget (emitted = k + 1).
+cut at the token budget (emitted = k + 1). The decode runs eager (the recording reads each round on the host);
+nothing here is timed.
 
 Fitting and scoring (fig4). The prompts split in two halves: on the first, the depth law a_k (histogram of k) and
 the rank law p_k(j) (how often the bonus was the draft's j-th candidate at depth k) are measured; the optimum
@@ -154,8 +155,9 @@ def record_rounds(pair: Pair, prompts: list[list[int]], b: DictConfig, *, temper
         drafter = RecordingDraft(draft=pair.draft, draft_len=S, temperature=temperature, keep=keep, lam=lam,
                                  counts=counts, sample_seed=int(b.seed) + g)
         sampling = SamplingConfig(temperature=temperature, seed=int(b.seed) + 7919 + g)
+        # eager (no CUDA graphs): the recording copies each round's logits to the host, which no capture allows
         out = generate(pair.target, group, max_new_tokens=int(b.new_tokens), strategy=str(b.strategy),
-                       drafter=drafter, sampling=sampling)
+                       drafter=drafter, sampling=sampling, cuda_graph=False)
         steps = out.steps[1:]
         if len(drafter.rounds) < len(steps):
             raise RuntimeError(f"the drafter recorded {len(drafter.rounds)} rounds for {len(steps)} decode steps")
