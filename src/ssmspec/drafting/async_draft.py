@@ -32,7 +32,9 @@ a branch's draws use their own generator and never see the target's random numbe
 fresh draw from q given the prefix.
 
 Fixed shapes, device ops only: the lookup, the backup (it runs for every row; hit rows discard it) and the branch
-calls are capturable. Counters on the device for benches: ``rounds`` (rounds with a cache) and ``hits`` (B,).
+calls are capturable. So the critical path always holds the backup: with ``backup: draft`` that is a whole
+synchronous draft (S calls of B rows), as in synchronous speculation; the overlap pays on the critical path with
+the fast backups (``ngram``, ``random``: Saguaro's backoff), whose misses cost acceptance instead. Counters on the device for benches: ``rounds`` (rounds with a cache) and ``hits`` (B,).
 Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
 (B, N, S, V) fp32. Attention drafts are refused: their branches would need tree KV over the chain's keys.
 """
