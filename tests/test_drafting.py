@@ -291,7 +291,7 @@ def test_oracle_needs_a_reference():
 
 # registry and bad input ---------------------------------------------------------------------------
 def test_registry():
-    assert set(drafter_names()) == {"none", "png", "draft_model", "static_tree", "beam_tree", "oracle", "mtp"}
+    assert set(drafter_names()) == {"none", "async_draft", "png", "draft_model", "static_tree", "beam_tree", "oracle", "mtp"}
     assert make_drafter("none") is None
     with pytest.raises(ValueError, match="unknown drafter 'ngram'.*png"):
         make_drafter("ngram")

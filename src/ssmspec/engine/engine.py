@@ -10,6 +10,11 @@ users run.
 
     samples_ms = eng.time_steps(warmup=3, iters=20)   # benchmarks: CUDA events around each replay
 
+A drafter with ``speculate()`` (asynchronous speculation, ``drafting/async_draft.py``) fills its speculation
+cache while the target verifies: per launch the draft graph (cache lookup / backup) runs on the main stream,
+then the drafter's speculate graph on a side stream concurrently with the target's graph on the main stream,
+and the main stream waits for the side stream before the next step. Eagerly (CPU): speculate, then the target.
+
 The first ``launch`` runs eagerly (on a side stream under CUDA: lazy initialisation, Triton compilation,
 cuBLAS workspaces), then the drafter's graph and the target's graph are captured and every later launch
 replays them. Each launch copies the step's small report into one of two pinned host buffers without
@@ -92,11 +97,13 @@ class Engine:
         self.launches = 0
         self.loop_wall_ms: float | None = None  # wall-clock ms of the last time_steps loop
         self.draft_seconds: list[float] = []  # drafting time of every collected step (CUDA events / perf_counter)
-        self._graphs: tuple | None = None  # (draft graph or None, target graph) once captured
+        self.speculates = callable(getattr(drafter, "speculate", None))  # asynchronous speculation (module doc)
+        self._graphs: tuple | None = None  # (draft graph or None, speculate graph or None, target graph) once captured
         self._inflight: list = []  # launched steps not collected yet: (host report, done event, timing events)
         if self.cuda:
             self._host = [torch.empty(self.step.report.shape, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self._stream = torch.cuda.Stream(dev)
+            self._side = torch.cuda.Stream(dev) if self.speculates else None  # the speculate graph's stream
 
     @property
     def drafter_on_device(self) -> bool:
@@ -134,6 +141,8 @@ class Engine:
     def _eager(self) -> None:
         s = self.step
         s.set_drafts(s.draft())
+        if self.speculates:
+            self.drafter.speculate()
         s.target_step()
 
     def draft_ms(self) -> list[float]:
@@ -149,11 +158,17 @@ class Engine:
             _register(draft_graph, gens)
             with torch.cuda.graph(draft_graph):
                 s.set_drafts(s.draft())
+        spec_graph = None
+        if self.speculates:  # captured on its own; replayed on the side stream (launch)
+            spec_graph = torch.cuda.CUDAGraph()
+            _register(spec_graph, self.drafter.speculate_generators())
+            with torch.cuda.graph(spec_graph):
+                self.drafter.speculate()
         target_graph = torch.cuda.CUDAGraph()
         _register(target_graph, [self.generator])
         with torch.cuda.graph(target_graph):
             s.target_step()
-        self._graphs = (draft_graph, target_graph)
+        self._graphs = (draft_graph, spec_graph, target_graph)
 
     @torch.no_grad()
     def launch(self) -> None:
@@ -169,6 +184,8 @@ class Engine:
         if not self.graphed:
             s.set_drafts(s.draft())
             t_mid = mid.record() if self.cuda else time.perf_counter()
+            if self.speculates:  # eagerly before the target (same results as the overlapped streams)
+                self.drafter.speculate()
             s.target_step()
         elif self._graphs is None:  # first step: eager on a side stream, then capture (not executed)
             self._stream.wait_stream(torch.cuda.current_stream())
@@ -185,13 +202,20 @@ class Engine:
                                    f".tolist(), float(tensor), a data-dependent shape) -- remove it, or run "
                                    f"eagerly with cuda_graph=False") from e
         else:
-            draft_graph, target_graph = self._graphs
+            draft_graph, spec_graph, target_graph = self._graphs
             if draft_graph is not None:
                 draft_graph.replay()
             elif self.drafter is not None:  # host drafter: eager drafts into the graph's static inputs
                 s.copy_drafts(s.draft())
             mid.record()
+            if spec_graph is not None:  # the draft speculates on the side stream while the target verifies
+                main = torch.cuda.current_stream()
+                self._side.wait_stream(main)
+                with torch.cuda.stream(self._side):
+                    spec_graph.replay()
             target_graph.replay()
+            if spec_graph is not None:
+                main.wait_stream(self._side)  # the next lookup reads what speculate cached
         self.strategy.after_step()  # host-launched work after the step, outside the graphs (usually none)
         self.launches += 1
         if self.cuda:

@@ -1,0 +1,227 @@
+"""`async_draft`: asynchronous speculation with a speculation cache (seed 002, "speculative speculative decoding").
+
+While the target verifies round i's chain d_1 .. d_S, the draft model prepares round i + 1 for several possible
+verdicts (k accepted drafts, bonus b) at once; when the verdict arrives one device-side lookup either finds the
+next drafts ready (a hit) or falls back to a backup predictor (a miss). One round, in the engine's order:
+
+    propose_device(buf)   (main stream, on the critical path) ``saguaro.cache_lookup`` of the last verdict against
+                          the cache keys; hit rows take their branch's S tokens (and q), miss rows the backup's:
+                          ``draft`` (the draft model drafts synchronously from its state after d_k: feed b, then
+                          S - 1 more, exactly what the ``draft_model`` drafter proposes), ``ngram`` (prompt n-gram
+                          lookup over the token buffer) or ``random`` (uniform tokens); q one-hot for the last two.
+    speculate()           (side stream, concurrent with the target's verification) one call of B rows x (S + 1)
+                          tokens [b, d_1 .. d_S] from the draft state after d_k of the previous chain stores the
+                          state after every token (the new chain at depths 0 .. S) and gives the logits at every
+                          depth; ``saguaro.bonus_candidates`` turns them into N = sum(fanout) keys per sequence;
+                          then S calls of B*N rows draft every branch (call 1 feeds the branch's bonus candidate
+                          from the chain state at its depth k, calls 2 .. S the branch's previous draft).
+    observe(verdict)      (inside the target's step) keeps (k, b) on the device for the next lookup.
+
+Why re-feed the chain in speculate instead of keeping every branch's states: the chain's states at depths 0 .. S
+are recomputed off the critical path in one wide call (the count of draft calls per round is the same as feeding
+d_S alone: 1 + S), so the states of a hit branch are never needed after the round and the slot bookkeeping is
+three fixed regions per sequence with no index tables: the chain (S + 1 slots, rewritten in place: the fused ops
+read a row's start state before they store), one scratch slot for the backup draft, and one slot per branch
+(updated in place by its S calls). The first round has no cache: it is a miss from the prefilled state.
+
+Greedy: hits and ``backup: draft`` misses propose exactly the draft model's greedy continuation of the accepted
+prefix, the ``draft_model`` drafter's drafts (tests/test_async_draft.py checks it round by round). Sampled: drafts
+are drawn from the draft distribution with its top max(fanout) + 1 tokens scaled by ``residual_scale`` (lambda,
+``saguaro.rescale_top``) and that same q is what speculative sampling verifies with, so the target's law holds;
+a branch's draws use their own generator and never see the target's random numbers, so a hit's drafts are a
+fresh draw from q given the prefix.
+
+Fixed shapes, device ops only: the lookup, the backup (it runs for every row; hit rows discard it) and the branch
+calls are capturable. So the critical path always holds the backup: with ``backup: draft`` that is a whole
+synchronous draft (S calls of B rows), as in synchronous speculation; the overlap pays on the critical path with
+the fast backups (``ngram``, ``random``: Saguaro's backoff), whose misses cost acceptance instead. Counters on the device for benches: ``rounds`` (rounds with a cache) and ``hits`` (B,).
+Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
+(B, N, S, V) fp32. Attention drafts are refused: their branches would need tree KV over the chain's keys.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ssmspec.drafting.base import DraftTree, TokenBuffer
+from ssmspec.drafting.draft_model import draw
+from ssmspec.drafting.model_drafter import ModelDrafterBase
+from ssmspec.drafting.png import ngram_drafts_device
+from ssmspec.drafting.registry import DrafterBase, register_drafter
+from ssmspec.drafting.saguaro import bonus_candidates, branch_depths, cache_lookup, check_fanout, rescale_top
+from ssmspec.strategies import StepInputs
+from ssmspec.strategies.base import SpecConfig
+from ssmspec.verify.distributions import SamplingConfig, target_probs
+
+BACKUPS = ("draft", "ngram", "random")
+NGRAM = 3  # longest suffix the ngram backup matches (png's default match length)
+
+
+@register_drafter("async_draft")
+class AsyncDraft(ModelDrafterBase, DrafterBase):
+    """One chain of ``draft_len`` tokens per sequence, the next round speculated while the target verifies
+    (module doc). ``fanout``: S + 1 cache branch counts per accepted length (``saguaro``)."""
+
+    def __init__(self, *, draft="mamba2-130m", draft_len: int = 4, fanout: list[int] | None = None,
+                 backup: str = "draft", residual_scale: float = 1.0, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, sample_seed: int = 0, seed: int = 0, dtype: str | None = None,
+                 draft_strategy: str = "snapshot") -> None:
+        super().__init__()
+        if draft_len < 1:
+            raise ValueError(f"async_draft needs draft_len >= 1, got {draft_len} (no speculation: use drafter=none)")
+        fanout = [1] * (draft_len + 1) if fanout is None else fanout
+        self.fanout = check_fanout(fanout, draft_len)
+        if backup not in BACKUPS:
+            raise ValueError(f"unknown backup {backup!r} for cache misses; choose one of: {', '.join(BACKUPS)}")
+        if not 0.0 < residual_scale <= 1.0:
+            raise ValueError(f"residual_scale (lambda) must lie in (0, 1] (1: no scaling), got {residual_scale}")
+        self.sampling = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k, seed=sample_seed)
+        if residual_scale != 1.0 and self.sampling.greedy:
+            raise ValueError(f"residual_scale={residual_scale} changes only sampled drafts; set temperature > 0 or "
+                             f"residual_scale=1")
+        opts = self._init_draft(draft, seed=seed, dtype=dtype, draft_strategy=draft_strategy)
+        cfg = self._draft_cfg
+        if cfg.attention_layers:
+            raise ValueError(f"async_draft forks the draft's SSM / GDN states per cache branch; draft model {cfg.name} "
+                             f"has attention layers {list(cfg.attention_layers)}, whose branches would need tree KV "
+                             f"over the chain's keys (not implemented); draft with a pure Mamba-2 or GDN model, or "
+                             f"use drafter=draft_model")
+        if max(self.fanout) + 1 > cfg.vocab_size:
+            raise ValueError(f"fanout {list(self.fanout)} asks for {max(self.fanout)} bonus candidates at one depth but "
+                             f"draft model {cfg.name} has {cfg.vocab_size} tokens; lower the fanout")
+        self.S, self.N, self.backup, self.lam = draft_len, sum(self.fanout), backup, residual_scale
+        self.spec = SpecConfig(draft_len=draft_len, num_drafts=1)
+        self._record(**opts, draft_len=draft_len, fanout=list(self.fanout), backup=backup,
+                     residual_scale=residual_scale, temperature=temperature, top_p=top_p, top_k=top_k,
+                     sample_seed=sample_seed)
+
+    def _shape(self):
+        """The draft engine's W "drafting slots" per sequence are this drafter's slot regions (module doc): the
+        chain's S + 1, one scratch slot, N branch slots. No row changes parents."""
+        return self.S + 2 + self.N, self.S, False
+
+    # reset ------------------------------------------------------------------------------------------
+    def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
+        """Prefill the draft on ``prompts``; allocate the cache and the counters (fixed shapes)."""
+        eng = self._reset_engine(prompts, device, max_new_tokens=max_new_tokens)
+        dev, B, S, N, V = eng.model.device, eng.batch, self.S, self.N, eng.model.cfg.vocab_size
+        self.gen = torch.Generator(device=dev).manual_seed(self.sampling.seed)  # backup draws (main stream)
+        self.spec_gen = torch.Generator(device=dev).manual_seed(self.sampling.seed + 1)  # branch draws (side)
+        base = B + torch.arange(B, device=dev) * eng.W  # (B,) first slot of each sequence's regions
+        self.chain = base[:, None] + torch.arange(S + 1, device=dev)[None]  # (B, S+1) state after depth j
+        self.scratch = base + S + 1  # (B,)
+        self.work = (base[:, None] + S + 2 + torch.arange(N, device=dev)[None]).reshape(B * N)  # (B*N,)
+        self.depths = branch_depths(self.fanout, device=dev)  # (N,) accepted length of each branch
+        self.branch_src = self.chain[:, self.depths].reshape(B * N)  # (B*N,) chain slot each branch starts from
+        long = dict(dtype=torch.long, device=dev)
+        self.src = eng.home.clone()  # (B,) draft state after d_k of the last chain (first round: the prompt's)
+        self.bonus = torch.zeros(B, **long)  # (B,) the last verdict's bonus (the pending token)
+        self.v_acc, self.v_bonus = torch.zeros(B, **long), torch.zeros(B, **long)  # written by observe()
+        self.drafts = torch.zeros(B, S, **long)  # this round's drafts
+        self.keys = torch.zeros(B, N, **long)  # cache keys: bonus candidates, branch order of ``depths``
+        self.branch_tokens = torch.zeros(B, N, S, **long)
+        greedy = self.sampling.greedy
+        self.q = None if greedy else torch.zeros(B, S, V, device=dev)
+        self.branch_q = None if greedy else torch.zeros(B, N, S, V, device=dev)
+        self.have_cache = torch.zeros(1, dtype=torch.bool, device=dev)  # False until the first speculate
+        self.hit = torch.zeros(B, dtype=torch.bool, device=dev)  # this round's hits
+        self.rounds = torch.zeros((), **long)  # rounds that found a cache (counters for benches)
+        self.hits = torch.zeros(B, **long)  # hits per sequence over those rounds
+        self._fresh = True  # host flag: the first round reads the pending token from the buffer
+
+    def generators(self) -> list[torch.Generator]:
+        """Generators ``propose_device`` draws from (the backup's)."""
+        return [] if self.sampling.greedy else [self.gen]
+
+    def speculate_generators(self) -> list[torch.Generator]:
+        """Generators ``speculate`` draws from (the branches'): a graph capturing it registers them."""
+        return [] if self.sampling.greedy else [self.spec_gen]
+
+    # draft model calls ------------------------------------------------------------------------------
+    def _call(self, ids: Tensor, src: Tensor, dst: Tensor) -> Tensor:
+        """One slot-addressed draft call: ids (R, L) from the states in slots src (R,), the state after token t
+        into slot dst[r, t] -> (R, L, V) logits (fp32). Positions are unused: no attention layer (refused)."""
+        eng = self.engine
+        eng.ctx.step = StepInputs(ids, torch.zeros_like(ids), src_slot=src, dst_slot=dst)
+        return eng.model(ids, eng.ctx).float()
+
+    def _draw(self, logits: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor | None]:
+        """(R, V) logits -> (R,) tokens and the q they were drawn from (R, V) (None: greedy). Sampled: the draft
+        distribution with its top max(fanout) + 1 tokens scaled by lambda (module doc)."""
+        if self.sampling.greedy:
+            return logits.argmax(-1), None
+        q = rescale_top(target_probs(logits, self.sampling), self.lam, max(self.fanout) + 1)
+        return draw(q, gen), q
+
+    # propose (critical path) ------------------------------------------------------------------------
+    @torch.no_grad()
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        """The cache lookup of the last verdict; hits take their branch, misses the backup (module doc)."""
+        self.engine.check_buffer(buf)
+        B = self.engine.batch
+        if self._fresh:  # first round: no verdict, no cache
+            self.bonus.copy_(buf.pending())
+            self._fresh = False
+        else:
+            self.bonus.copy_(self.v_bonus)
+            self.src.copy_(self.chain.gather(1, self.v_acc[:, None])[:, 0])
+        hit, branch = cache_lookup(self.keys, self.depths, self.v_acc, self.bonus)
+        self.hit.copy_(hit & self.have_cache)
+        self.rounds.add_(self.have_cache.long()[0])
+        self.hits.add_(self.hit.long())
+        rows = torch.arange(B, device=branch.device)
+        tokens, q = self._backup(buf)
+        self.drafts.copy_(torch.where(self.hit[:, None], self.branch_tokens[rows, branch], tokens))
+        if self.q is not None:
+            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, branch], q))
+        return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
+
+    def _backup(self, buf: TokenBuffer) -> tuple[Tensor, Tensor | None]:
+        """Drafts (B, S) and their q (B, S, V) (None: greedy) for every row, as a miss would take them."""
+        B, S, V = self.engine.batch, self.S, self.engine.model.cfg.vocab_size
+        if self.backup == "draft":  # the synchronous draft: feed b after d_k, then S - 1 drafts
+            toks, qs, tok, src = [], [], self.bonus, self.src
+            for _ in range(S):
+                tok, q = self._draw(self._call(tok[:, None], src, self.scratch[:, None])[:, -1], self.gen)
+                toks.append(tok)
+                qs.append(q)
+                src = self.scratch
+            return torch.stack(toks, 1), None if self.q is None else torch.stack(qs, 1)
+        if self.backup == "ngram":
+            tokens = ngram_drafts_device(buf.tokens, buf.length, ngram=NGRAM, num_drafts=1, draft_len=S)[:, 0]
+        else:
+            tokens = torch.randint(V, (B, S), device=self.bonus.device, generator=self.gen)
+        one_hot = None if self.q is None else torch.nn.functional.one_hot(tokens, V).float()
+        return tokens, one_hot
+
+    # speculate (off the critical path) --------------------------------------------------------------
+    @torch.no_grad()
+    def speculate(self) -> None:
+        """Fill the cache for the verdicts of the round being verified (module doc). Reads this round's
+        drafts, bonus and start slots; writes the chain and branch slots, keys, branch tokens and q."""
+        B, S, N = self.engine.batch, self.S, self.N
+        ids = torch.cat([self.bonus[:, None], self.drafts], 1)  # (B, 1+S): b, d_1 .. d_S
+        logits = self._call(ids, self.src, self.chain)  # (B, 1+S, V) at depths 0 .. S
+        keys = bonus_candidates(logits, self.drafts, self.fanout)  # (B, N)
+        tok, src = keys.reshape(B * N), self.branch_src
+        for c in range(S):  # call c + 1: every branch one token deeper
+            tok, q = self._draw(self._call(tok[:, None], src, self.work[:, None])[:, -1], self.spec_gen)
+            self.branch_tokens[:, :, c] = tok.reshape(B, N)
+            if q is not None:
+                self.branch_q[:, :, c] = q.reshape(B, N, -1)
+            src = self.work
+        self.keys.copy_(keys)
+        self.have_cache.fill_(True)
+
+    def observe(self, verdict) -> None:
+        """Keep the verdict (k, b) on the device for the next lookup (never read by a running speculate)."""
+        self.v_acc.copy_(verdict.accepted)
+        self.v_bonus.copy_(verdict.bonus)
+
+    def hit_counts(self) -> tuple[int, list[int]]:
+        """Host copy of the counters: (rounds with a cache, hits per sequence). Synchronises: after a run."""
+        return int(self.rounds), self.hits.tolist()
+
+    def propose(self, history, pending) -> DraftTree:
+        raise ValueError("async_draft proposes from the engine's device token buffer only (propose_device); run it "
+                         "through generate() / Engine")

@@ -1,0 +1,226 @@
+"""Asynchronous speculation (``drafting/async_draft.py``, seed 002) on CPU: the speculation cache proposes exactly
+what the synchronous ``draft_model`` drafter proposes on every round (hits and ``backup: draft`` misses), greedy
+output equals autoregressive output for every draft family it takes, sampled output keeps the target's law with
+cache hits and misses (and a mutant that verifies hits with the wrong q is caught), bad options end in one
+ValueError, and the engine's speculate hook runs in the documented order."""
+import dataclasses
+
+import pytest
+import torch
+
+from ssmspec.drafting import make_drafter
+from ssmspec.drafting.async_draft import AsyncDraft
+from ssmspec.engine.engine import Engine
+from ssmspec.engine.generate import _pad_left, generate
+from ssmspec.models.config import load_preset
+from ssmspec.models.model import build_model
+from ssmspec.verify import SamplingConfig
+from model_forward import parallel_logits
+
+PROMPTS = [[5, 17, 33, 8, 5, 17], [9, 10, 11], [40, 41]]
+NEW = 24
+S = 4
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _pair(preset: str, pattern: str | None, *, noise: float, vocab: int | None = None, dtype=torch.float64):
+    """A target and a draft that agrees with it often but not always: the target's weights, each scaled by
+    1 + noise * N(0, 1) (fixed seed), so rounds see every accepted length and both cache hits and misses."""
+    cfg = load_preset(preset)
+    if pattern is not None:  # the family's mixers and MLPs without its attention layers
+        cfg = dataclasses.replace(cfg, pattern=pattern, name=f"{cfg.name}-{pattern}")
+    if vocab is not None:
+        cfg = dataclasses.replace(cfg, vocab_size=vocab)
+    target = build_model(cfg, seed=0, dtype=dtype)
+    draft = build_model(cfg, seed=0, dtype=dtype)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.mul_(1 + noise * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return target, draft
+
+
+FAMILIES = [pytest.param("tiny-mamba2", None, id="mamba2"),
+            pytest.param("tiny-qwen3.5", "G-G-", id="gdn-qwen3.5"),
+            pytest.param("tiny-hybrid", "M-ME", id="nemotron-h-no-attention")]
+
+
+@pytest.mark.parametrize("preset,pattern", FAMILIES)
+@pytest.mark.parametrize("backup", ["draft", "ngram"])
+def test_greedy_drafts_equal_the_synchronous_drafter(preset, pattern, backup):
+    """Every round, every running row: a hit proposes the draft model's greedy continuation of the accepted
+    prefix, exactly what ``draft_model`` proposes there (and so does a ``backup: draft`` miss); the output
+    equals autoregressive decoding token for token; rounds saw both hits and misses."""
+    target, draft = _pair(preset, pattern, noise=0.05)
+    ref = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive").sequences
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup)
+    sync = make_drafter("draft_model", draft=draft, draft_len=S)
+    seen = []
+
+    def propose_device(buf, inner=d.propose_device):
+        if not seen:
+            sync.reset([list(p) for p in PROMPTS], batch=len(PROMPTS), device="cpu", max_new_tokens=NEW)
+        tree = inner(buf)
+        want = sync.propose(buf.to_lists(), buf.pending()).tokens
+        running = (buf.length - buf.prompt_len) < NEW
+        seen.append((tree.tokens.clone(), want, d.hit.clone(), running))
+        return tree
+
+    d.propose_device = propose_device
+    out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="snapshot", drafter=d)
+    assert out.sequences == ref
+    rounds, hits = d.hit_counts()
+    assert rounds == len(seen) - 1 and 0 < sum(hits) < rounds * len(PROMPTS), (rounds, hits)
+    for got, want, hit, running in seen:
+        rows = running & (hit if backup == "ngram" else torch.ones_like(hit))
+        assert torch.equal(got[rows], want[rows])
+
+
+def test_hits_and_misses_with_random_backup_stay_lossless():
+    target, draft = _pair("tiny-mamba2", None, noise=0.05)
+    ref = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive").sequences
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[1, 1, 0, 0, 1], backup="random")
+    assert generate(target, PROMPTS, max_new_tokens=NEW, strategy="snapshot", drafter=d).sequences == ref
+    rounds, hits = d.hit_counts()
+    assert 0 < sum(hits) < rounds * len(PROMPTS)
+
+
+# sampled: the target's law -------------------------------------------------------------------------
+V_SMALL, B_LAW, NEW_LAW, BINS = 6, 48, 40, 20
+PASS, FAIL = 1e-3, 1e-6  # an exact sampler's p-value stays above PASS; the mutant's falls below FAIL
+
+
+class _UnscaledQ(AsyncDraft):
+    """Mutant: drafts drawn from the lambda-scaled distribution, but verified with the unscaled one."""
+
+    def _draw(self, logits, gen):
+        tok, q = super()._draw(logits, gen)
+        return tok, torch.softmax(logits / self.sampling.temperature, -1)
+
+
+def _pit_pvalue(drafter, target, *, seed: int) -> tuple[float, int, int]:
+    """Sample B_LAW sequences with speculative sampling and ``drafter``; each emitted token y_t, with the target's
+    conditional law p_t (one fresh forward over the final sequence), gives u_t = P_t(tokens ranked above y_t) +
+    U p_t(y_t), i.i.d.
+    uniform exactly when every token follows the target's law. -> (chi-square p-value of BINS bins of u, rounds
+    with a cache, hits)."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    prompts = torch.randint(V_SMALL, (B_LAW, 3), generator=gen).tolist()
+    sampling = SamplingConfig(temperature=1.0, seed=seed)
+    out = generate(target, prompts, max_new_tokens=NEW_LAW, strategy="snapshot", drafter=drafter, sampling=sampling)
+    seqs = torch.tensor([p + s for p, s in zip(prompts, out.sequences)])
+    probs = torch.softmax(parallel_logits(target, seqs)[:, 2:-1].double(), -1)  # (B, NEW, V): law of token 3 + t
+    y = seqs[:, 3:, None]
+    # tokens ranked by p, most likely first: a sampler that favours or shuns the likely tokens moves u's mass
+    # the same way at every position (a fixed token order would average such errors away)
+    ranked, order = probs.sort(-1, descending=True)
+    rank = order.argsort(-1).gather(2, y)
+    below = (ranked.cumsum(-1) - ranked).gather(2, rank)[..., 0]
+    u = below + torch.rand(below.shape, generator=gen, dtype=torch.float64) * probs.gather(2, y)[..., 0]
+    counts = torch.bincount((u.flatten() * BINS).long().clamp(max=BINS - 1), minlength=BINS).double()
+    exp = u.numel() / BINS
+    stat = ((counts - exp) ** 2 / exp).sum()
+    pval = float(torch.special.gammaincc(torch.tensor((BINS - 1) / 2, dtype=torch.float64), stat / 2))
+    rounds, hits = drafter.hit_counts()
+    return pval, rounds, sum(hits)
+
+
+@pytest.fixture(scope="module")
+def law_pair():
+    return _pair("tiny-mamba2", None, noise=0.3, vocab=V_SMALL)
+
+
+OPTS = dict(draft_len=3, fanout=[1, 1, 0, 1], temperature=1.0, residual_scale=0.1)
+
+
+@pytest.mark.parametrize("backup", ["draft", "ngram"])
+def test_sampled_output_keeps_the_target_law(law_pair, backup):
+    target, draft = law_pair
+    d = make_drafter("async_draft", draft=draft, backup=backup, **OPTS)
+    pval, rounds, hits = _pit_pvalue(d, target, seed=1)
+    assert 0 < hits < rounds * B_LAW, (rounds, hits)  # both hits and misses verified
+    assert pval > PASS, f"p-value {pval:.2e}"
+
+
+def test_mutant_verifying_hits_with_unscaled_q_is_caught(law_pair):
+    target, draft = law_pair
+    pval, rounds, hits = _pit_pvalue(_UnscaledQ(draft=draft, **OPTS), target, seed=1)
+    assert hits > 0 and pval < FAIL, f"mutant passed: p-value {pval:.2e}"
+
+
+# bad input ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("opts,match", [
+    (dict(draft_len=2, fanout=[0, 0, 0]), "cannot hold one cache branch"),
+    (dict(draft_len=2, fanout=[1, 1]), "one count per accepted length"),
+    (dict(temperature=1.0, residual_scale=0.0), r"lambda\) must lie in \(0, 1\]"),
+    (dict(temperature=1.0, residual_scale=1.5), r"lambda\) must lie in \(0, 1\]"),
+    (dict(residual_scale=0.5), "changes only sampled drafts"),
+    (dict(backup="eagle"), "unknown backup 'eagle'.*draft, ngram, random"),
+    (dict(draft="tiny-hybrid"), "attention layers.*tree KV.*pure Mamba-2 or GDN"),
+    (dict(draft="tiny-qwen3.5"), "attention layers.*tree KV.*pure Mamba-2 or GDN"),
+    (dict(draft_len=2, fanout=[400, 0, 0]), "lower the fanout"),
+])
+def test_bad_options_fail_when_built(opts, match):
+    with pytest.raises(ValueError, match=match):
+        make_drafter("async_draft", **{"draft": "tiny-mamba2", **opts})
+
+
+def test_vocabulary_mismatch_fails_when_paired():
+    target = build_model(dataclasses.replace(load_preset("tiny-mamba2"), vocab_size=64), seed=0)
+    with pytest.raises(ValueError, match="vocabulary"):
+        generate(target, PROMPTS, max_new_tokens=4, strategy="snapshot",
+                 drafter=make_drafter("async_draft", draft="tiny-mamba2"))
+
+
+# the engine ------------------------------------------------------------------------------------------------
+def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
+    """The documented order without the engine's driver: propose -> speculate -> target step."""
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
+                     residual_scale=0.5, backup="draft")
+    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
+                 sampling=sampling, cuda_graph=False)
+    ids, valid = _pad_left(PROMPTS, 0, "cpu")
+    eng.prefill(ids, valid)
+    s = eng.step
+    for _ in range(steps):
+        s.set_drafts(s.draft())
+        d.speculate()
+        s.target_step()
+    return s.buf.to_lists()
+
+
+def test_engine_launch_runs_speculate_between_drafts_and_target():
+    target, draft = _pair("tiny-mamba2", None, noise=0.1, dtype=torch.float32)
+    sampling = SamplingConfig(temperature=1.0, seed=3)
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
+                     residual_scale=0.5, backup="draft")
+    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
+                 sampling=sampling, cuda_graph=False)
+    ids, valid = _pad_left(PROMPTS, 0, "cpu")
+    eng.prefill(ids, valid)
+    assert eng.speculates
+    for _ in range(5):
+        eng.launch()
+        eng.collect(keep=0)
+    assert eng.step.buf.to_lists() == _hand_loop(target, draft, sampling, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_captured_two_streams_equal_eager_on_cuda(temperature):
+    """Draft graph, speculate graph on the side stream and target graph replayed == the same steps eagerly."""
+    cfg = load_preset("tiny-mamba2")
+    target = build_model(cfg, seed=0, device="cuda", dtype=torch.float32)
+    draft = build_model(cfg, seed=1, device="cuda", dtype=torch.float32)
+    opts = dict(draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], temperature=temperature,
+                residual_scale=0.5 if temperature else 1.0)
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    runs = []
+    for graphed in (False, True):
+        d = make_drafter("async_draft", **opts)
+        out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling,
+                       cuda_graph=graphed)
+        runs.append((out.sequences, d.hit_counts()))
+    assert runs[0] == runs[1]
