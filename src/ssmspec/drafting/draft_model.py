@@ -29,6 +29,8 @@ from ssmspec.verify.distributions import SamplingConfig, target_probs
 class DraftModel(ModelDrafterBase, DrafterBase):
     """``num_drafts`` chains of ``draft_len`` tokens from ``draft`` (module doc)."""
 
+    resumes = True  # observe() below
+
     def __init__(self, *, draft="mamba2-130m", draft_len: int = 4, num_drafts: int = 1, temperature: float = 0.0,
                  top_p: float = 1.0, top_k: int = 0, sample_seed: int = 0, seed: int = 0,
                  dtype: str | None = None, draft_strategy: str = "snapshot") -> None:

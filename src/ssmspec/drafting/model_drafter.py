@@ -34,6 +34,7 @@ class ModelDrafterBase:
     bfloat16 on CUDA); ``draft_strategy`` keeps the draft's state (one with state slots: ``snapshot``)."""
 
     on_device = True
+    resumes = False  # observe() calls DraftEngine.resume after every verdict (chains of the draft's own tokens)
 
     def _init_draft(self, draft, *, seed: int, dtype: str | None, draft_strategy: str = "snapshot") -> dict:
         if isinstance(draft, HybridLM):
@@ -77,7 +78,7 @@ class ModelDrafterBase:
             self._draft_model = build_model(self._draft_cfg, seed=self._draft_seed, device=self.device,
                                             dtype=getattr(torch, dtype))
         W, S, reorders = self._shape()
-        self.engine = DraftEngine(self._draft_model, width=W, depth=S, reorders=reorders,
+        self.engine = DraftEngine(self._draft_model, width=W, depth=S, reorders=reorders, resumes=self.resumes,
                                   strategy=self._draft_strategy)
         # slack: the engine's last step may append a whole window past the budget, and its buffer keeps a spare
         self.engine.reset([list(p) for p in prompts], max_new_tokens=max_new_tokens, slack=self.spec.nodes + 2)

@@ -60,8 +60,8 @@ def bonus_candidates(logits: Tensor, drafts: Tensor, fanout: tuple[int, ...]) ->
     scores = logits.float().clone()
     scores[:, :S].scatter_(2, drafts[..., None], float("-inf"))  # the rejected draft is never the bonus
     best = scores.topk(top, dim=-1).indices  # (B, S + 1, top), best first
-    keep = torch.arange(top, device=logits.device)[None] < torch.tensor(fan, device=logits.device)[:, None]
-    return best[:, keep]  # (B, N): row-major over (depth, rank) = branch order
+    # (B, N) in branch order; static slices, no boolean index (a host sync), so CUDA graphs capture it
+    return torch.cat([best[:, k, :f] for k, f in enumerate(fan) if f], dim=1)
 
 
 def cache_lookup(keys: Tensor, depths: Tensor, accepted: Tensor, bonus: Tensor) -> tuple[Tensor, Tensor]:

@@ -16,7 +16,7 @@ Rejected drafts never touch the committed state, so nothing rolls back: the next
 kept. The strategy keeps the states in slots (``StrategyBase.slot_states``; ``snapshot``): slot b is sequence
 b's committed state, then the drafting slots.
 
-Chains (rows never change parents: ``draft_model``) keep the state after every depth in a slot of its own,
+Chains whose drafter reports the verdicts (``resumes``: ``draft_model``) keep the state after every depth in a slot of its own,
 W (S - 1) per sequence, and the keys each depth fed (``DraftKV``). The drafter tells the engine what the target
 accepted (``resume(row, depth)``, from the verdict: the accepted drafts are the draft's own tokens of that row),
 so the next absorb starts from the state after the deepest accepted draft it fed and appends that row's keys of
@@ -57,13 +57,16 @@ def draft_strategy(name: str | StrategyBase) -> StrategyBase:
 
 class DraftEngine:
     """One draft model's decoding state: ``width`` (W) drafting rows per sequence, ``depth`` (S) draft tokens,
-    ``reorders``: rows may continue from other rows (beams, tree layers) (module doc)."""
+    ``reorders``: rows may continue from other rows (beams, tree layers); ``resumes``: a chain drafter that
+    calls ``resume`` after every verdict (module doc)."""
 
-    def __init__(self, model: HybridLM, *, width: int, depth: int, reorders: bool,
+    def __init__(self, model: HybridLM, *, width: int, depth: int, reorders: bool, resumes: bool = False,
                  strategy: str | StrategyBase = "snapshot") -> None:
         self.model, self.W, self.S, self.reorders = model, width, depth, reorders
         self.strategy = draft_strategy(strategy)
-        self.chains = not reorders and depth > 1  # a slot per depth: absorbs resume at the accepted depth
+        # ``resumes``: the drafter calls ``resume`` after every verdict (chains): a slot per depth, absorbs resume
+        # at the accepted depth
+        self.chains = resumes and not reorders and depth > 1
         # absorb width: the bonus and, after a whole chain, its last draft (chains); else the accepted path + bonus
         self.A = 2 if self.chains else 1 + depth
 
@@ -102,6 +105,11 @@ class DraftEngine:
         self.home = torch.arange(B, device=dev)  # (B,) slot of each committed state
         self.anc = torch.zeros(B * W, max(S, 1), dtype=torch.long, device=dev)  # (R, S) row of each depth's ancestor
         self._cols = torch.arange(self.A, device=dev)[None]  # (1, A)
+        # static per depth 1 .. S-1 when rows keep their parents: (source slots (R,), destination slots (R, 1))
+        self._slots = [(self.home[self.seq] if d == 1 else self._work(d - 1, self.row_w), self._work(d, self.row_w)[:, None])
+                       for d in range(1, S)]
+        self._depth_cols = torch.arange(1, max(S, 2), device=dev)[None]  # (1, S-1)
+        self._pos = torch.zeros(B * W, max(S - 1, 1), dtype=torch.long, device=dev)  # (R, S-1) set by absorb
         self.skip = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) accepted depth the next absorb resumes at
         self.skip_row = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) drafting row (0 .. W-1) it resumes in
         self._prefill(prompts)
@@ -197,6 +205,7 @@ class DraftEngine:
         self.last.copy_(torch.where((n > 0)[:, None], self.model.logits(last)[:, 0], self.last))
         self.consumed += skip + n
         self.skip.zero_()  # a resume holds for one absorb
+        self._pos.copy_(self.consumed[self.seq][:, None] - 1 + self._depth_cols)  # the root sits at consumed - 1
         return self.last
 
     @torch.no_grad()
@@ -208,19 +217,21 @@ class DraftEngine:
             raise ValueError(f"draft depth {depth} outside 1 .. {self.S - 1}")
         if parents is not None and not self.reorders:
             raise ValueError("this draft engine was built with reorders=False: its rows cannot change parents")
-        if parents is not None:
+        if parents is None:  # slots and positions were set at reset / by the absorb: no index arithmetic per call
+            src, dst = self._slots[depth - 1]
+        else:
+            src = self.home[self.seq] if depth == 1 else self._work(depth - 1, parents % self.W)
+            dst = self._slots[depth - 1][1]
+        if self.kv and parents is not None:  # ancestors by depth: only attention reads them
             self.anc.copy_(self.anc[parents])
-        src_w = self.row_w if parents is None else parents % self.W
-        src = self.home[self.seq] if depth == 1 else self._work(depth - 1, src_w)
-        dst = self._work(depth, self.row_w)[:, None]  # (R, 1)
         ids = tokens.to(self.model.device)[:, None]
-        positions = (self.consumed[self.seq] - 1 + depth)[:, None]  # the root sits at consumed - 1
         for kv in self.kv:
             kv.set_call("depth", depth, self.anc)
-        self.ctx.step = StepInputs(ids, positions, seq_index=self.seq, kv_bound=self.capacity, src_slot=src,
-                                   dst_slot=dst)
+        self.ctx.step = StepInputs(ids, self._pos[:, depth - 1:depth], seq_index=self.seq, kv_bound=self.capacity,
+                                   src_slot=src, dst_slot=dst)
         logits = self.model(ids, self.ctx)[:, -1]
-        self.anc[:, depth] = torch.arange(self.anc.shape[0], device=ids.device)
+        if self.kv:
+            self.anc[:, depth] = torch.arange(self.anc.shape[0], device=ids.device)
         return logits
 
     def cache_bytes(self) -> int:
