@@ -21,9 +21,10 @@ Gated DeltaNet mixers keep the same pool layout and pointers with (H, N, P) delt
 Slot-addressed calls (``allocate_slots``; a draft model's state, ``engine/draft.py``): the pool is a flat
 array of slots the caller addresses through ``StepInputs.src_slot`` / ``dst_slot``; every slot holds the
 conv window as well as the SSM (or GDN) state. A row starts from any slot and stores the state after each
-token (or, in a right-padded call with ``valid``, the state after its last valid token: pads get dt = 0, or
-g = beta = 0, and leave the state as it was) in slots of the caller's choice -- its own source slot
-included, as the fused ops read every start state before they store.
+token (or, in a right-padded call with ``valid``, the state after its last valid token: the pads run through
+the fused ops unmasked, but only the row's last valid token has a store slot, so no per-layer masking is
+needed) in slots of the caller's choice -- its own source slot included, as the fused ops read every start
+state before they store.
 """
 from __future__ import annotations
 
@@ -108,13 +109,13 @@ class Snapshot(StrategyBase):
     @staticmethod
     def _per_call(step: StepInputs) -> tuple[Tensor, Tensor]:
         """A masked call's (valid tokens per row (B',), state slots per token (B', L): -1 (no store) but at the
-        last column, whose state is the one after the row's last valid token), made once per call for every
-        mixer (``StepInputs.extras``)."""
+        row's last valid token, whose state goes to dst_slot[r, 0]; none when the row has no valid token), made
+        once per call for every mixer (``StepInputs.extras``)."""
         if "slot_keep" not in step.extras:
-            L = step.valid.shape[1]
-            step.extras["slot_keep"] = step.valid.sum(1)
-            step.extras["slot_dst"] = torch.cat([torch.full_like(step.dst_slot, -1).expand(-1, L - 1),
-                                                 step.dst_slot], dim=1)
+            keep = step.valid.sum(1)  # (B',) valid tokens first
+            col = torch.arange(step.valid.shape[1], device=keep.device)[None]  # (1, L)
+            step.extras["slot_keep"] = keep
+            step.extras["slot_dst"] = torch.where(col == keep[:, None] - 1, step.dst_slot, -1)
         return step.extras["slot_keep"], step.extras["slot_dst"]
 
     def _mix_slots(self, p, inp, step: StepInputs) -> Tensor:
@@ -124,21 +125,13 @@ class Snapshot(StrategyBase):
         if getattr(p, "kind", "mamba") == "gdn":
             qkv = self._slot_conv(self.gdn_conv_slots[i], inp.qkv, p, step)
             q, k, v = p.split(qkv)
-            g, beta = p.gates(inp.a, inp.b, step.valid)  # 0 on pads: the state passes through them unchanged
+            g, beta = p.gates(inp.a, inp.b)  # pads run too: no state after one is ever stored (_per_call)
             return gdn_multistep_snapshot(self.gdn_snapshots[i], q, k, v, g, beta, src_slot=step.src_slot,
                                           dst_slots=dst)
         xbc = self._slot_conv(self.conv_slots[i], inp.xbc, p, step)
         x, B, C = p.split_xbc(xbc)
-        if step.valid is None:
-            y = ssm_multistep_snapshot(self.snapshots[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias,
-                                       dt_softplus=True, dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
-        elif p.dt_limit[0] == 0.0:  # dt = softplus(-inf) = 0 on pads: the state passes through them unchanged
-            dt = inp.dt.masked_fill(~step.valid[..., None], float("-inf"))
-            y = ssm_multistep_snapshot(self.snapshots[i], x, dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_softplus=True,
-                                       dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
-        else:  # a positive lower dt limit would lift that 0: discretize here, 0 on pads
-            y = ssm_multistep_snapshot(self.snapshots[i], x, p.discretize(inp.dt, step.valid), p.A, B, C, p.D,
-                                       dt_softplus=False, src_slot=step.src_slot, dst_slots=dst)
+        y = ssm_multistep_snapshot(self.snapshots[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_softplus=True,
+                                   dt_limit=p.dt_limit, src_slot=step.src_slot, dst_slots=dst)
         return y.reshape(*y.shape[:2], -1)
 
     def _prefill_slots(self, p, inp, step: StepInputs) -> Tensor:
