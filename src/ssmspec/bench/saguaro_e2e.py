@@ -1,0 +1,321 @@
+"""Asynchronous speculation end to end on the trained pair (seed 002, issue 25 item 5): ``saguaro_e2e``, and the
+pieces ``saguaro_fig6_backoff`` (``bench/saguaro_backoff.py``) shares with it.
+
+Lines, each timed through the engine (``Engine`` + ``bench.e2e.throughput_row``: the captured decode steps on
+CUDA, eager steps on CPU, ``warmup`` untimed steps then ``iters`` timed ones from a prefilled batch):
+
+    autoregressive        the target alone (``drafter: none``)
+    sync draft_model      synchronous speculation: the draft model drafts a chain of S on the critical path
+    async backup=draft    ``async_draft``: the speculation cache filled while the target verifies; a miss drafts
+                          synchronously with the draft model (the same draft, the same S)
+    async backup=ngram    ``async_draft`` whose misses take a prompt n-gram lookup instead
+
+Acceptance is MEASURED: the trained Mamba-2 pair (``bench.family: mamba2``, whose draft is pure Mamba-2, as
+``async_draft`` requires) of the train run ``bench.train`` (``tiny`` on CPU, ``gpu`` on the GPU profile; trained on
+first use, ``bench/trained.py``) decodes real prompts: HumanEval's and held-out validation files' (``bench.sets``),
+each cut to its last ``prompt_len`` tokens. The prompts of a set split in two halves. On the first the
+speculation cache's fan-out is fitted (``bench.fanout: optimal``): synchronous speculation decodes it eagerly
+through ``generate()`` recording every round's verdict and the draft's logits (``saguaro_cache.record_rounds``),
+and ``saguaro_topology.optimal_fanout`` picks the fan-out of ``bench.budget`` branches that maximises the hit
+rate of those rounds (``saguaro_cache.fit_topologies``), once per set and temperature; a list instead is a
+stated fan-out used as given. Rows say which (``fanout_from``). The timed batches hold the second half's
+prompts, cycled up to the batch size, so the fan-out is never scored on the prompts it was fitted on.
+
+Per set, temperature (0: greedy; > 0: speculative sampling, seeded) and batch, each row carries
+``tokens_per_s`` (emitted tokens, accepted + 1 per sequence and step, over the summed step times), ``ms_p50`` /
+``ms_p90`` (step time), ``mean_accepted`` and ``accepted_hist``, ``draft_ms`` (the drafting part of each step:
+``Engine.draft_ms``, the draft graph on the critical path -- for the async lines the cache lookup and the
+backup; ``draft_ms_p90`` beside it), ``hit_rate`` (async lines: hits over the rounds that had a cache, from the
+drafter's device counters ``hit_counts()``: every round of the run after the first, warm-up rounds included,
+per sequence), ``speedup_vs_ar`` and, for the async lines, ``speedup_vs_sync`` (ratios of tokens/s measured in
+the same run, same set, temperature and batch). Greedy rows carry ``ref_match`` (the share of sequences equal to
+the target's autoregressive greedy output of the same prompts, computed once per set and batch) and ``exact``
+(``ref_match == 1``): greedy verification is lossless, so in float32 (CPU) every line must be exact
+(tests/pipeline/test_saguaro_e2e.py asserts it); in bf16 a near-tie argmax may flip, and the row says so.
+
+On CPU the steps run eagerly and the draft's speculation runs before the target's verification in the same
+thread: no overlap exists there, so the async lines pay speculation on top of the step; CPU rows say how the
+loop behaves, not where overlap pays (that is the GPU profile's question).
+
+No oracle rows. The oracle drafter (``drafting/oracle.py``) designs acceptance on random weights by corrupting the
+target's own continuation; the speculation cache's hit rate is a different quantity, whether the target's bonus
+token is among the draft's top candidates at the verdict's depth, a property of the draft's predictions that
+random weights do not have (their draft's candidates never rank the target's token) and the oracle has no logits
+to rank. A row with a designed hit rate would have to design that rank law too: a cost model, not a measurement
+of this cache, so none is made.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from ssmspec import config as C
+from ssmspec.bench.e2e import _is_oom, throughput_row
+from ssmspec.bench.inputs import track
+from ssmspec.bench.prompt_groups import pad_group
+from ssmspec.bench.real_drafters import measured_drafter
+from ssmspec.bench.saguaro_cache import fit_topologies, record_rounds
+from ssmspec.bench.steps_replay import release
+from ssmspec.bench.trained import Pair, families, humaneval_set, load_pair, train_run, validation_set
+from ssmspec.drafting import saguaro
+from ssmspec.drafting import saguaro_topology as topo
+from ssmspec.strategies import SpecConfig
+from ssmspec.verify.distributions import SamplingConfig
+
+log = logging.getLogger("ssmspec.bench.saguaro_e2e")
+
+SETS = {"validation": validation_set, "humaneval": humaneval_set}
+NGRAM = 3  # the ngram backup's match length (drafting/async_draft.py) and that of the sync png line (fig6)
+
+
+@dataclass(frozen=True)
+class Line:
+    label: str  # the row's ``line``
+    drafter: str  # none | draft_model | png | async_draft
+    backup: str | None = None  # async_draft only: draft | ngram
+
+
+AR = Line("autoregressive", "none")
+SYNC = Line("sync draft_model", "draft_model")
+SYNC_PNG = Line("sync png", "png")
+ASYNC_DRAFT = Line("async backup=draft", "async_draft", "draft")
+ASYNC_NGRAM = Line("async backup=ngram", "async_draft", "ngram")
+E2E_LINES = (AR, SYNC, ASYNC_DRAFT, ASYNC_NGRAM)
+
+
+# checks -------------------------------------------------------------------------------------------------------
+def check_common(b: DictConfig, what: str) -> list[int]:
+    """One ValueError naming the fix for settings that cannot run, before anything trains; returns the batches."""
+    sizes = [int(x) for x in b.batch] if b.batch is not None else []
+    if not sizes or min(sizes) < 1:
+        raise ValueError(f"{what}: bench.batch needs a non-empty list of batch sizes >= 1, got {sizes}; e.g. "
+                         f"bench.batch=[1,2]")
+    S = int(b.S)
+    if S < 1:
+        raise ValueError(f"{what}: bench.S (drafts per round) must be >= 1, got {S}")
+    if int(b.num_prompts) < 2 or int(b.prompt_len) < 1:
+        raise ValueError(f"{what}: need bench.num_prompts >= 2 (the first half fits the fan-out, the second is timed) "
+                         f"and bench.prompt_len >= 1; got {b.num_prompts}, {b.prompt_len}")
+    if int(b.iters) < 1 or int(b.warmup) < 0 or int(b.fit_batch) < 1 or int(b.fit_new_tokens) < 2:
+        raise ValueError(f"{what}: need bench.iters >= 1, bench.warmup >= 0, bench.fit_batch >= 1 and "
+                         f"bench.fit_new_tokens >= 2")
+    for T in b.temperature:
+        SamplingConfig(temperature=float(T))  # a negative temperature fails here
+    if not list(b.temperature):
+        raise ValueError(f"{what}: bench.temperature needs at least one temperature, e.g. [0.0]")
+    fanout_spec(b)
+    return sizes
+
+
+def fanout_spec(b: DictConfig) -> tuple[int, ...] | None:
+    """``bench.fanout``: ``optimal`` (fitted, returns None; ``bench.budget`` checked) or a stated list of S + 1
+    counts (checked: ``saguaro.check_fanout``)."""
+    fan = b.fanout
+    if isinstance(fan, str):
+        if fan != "optimal":
+            raise ValueError(f"bench.fanout is 'optimal' (fitted on the first half of the prompts) or a list of S + 1 "
+                             f"branch counts, got {fan!r}")
+        topo.check_budget(int(b.budget))
+        return None
+    return saguaro.check_fanout(list(OmegaConf.to_container(fan)), int(b.S))
+
+
+# the pair, its prompts and the fitted fan-out -------------------------------------------------------------------
+def pairs(cfg: DictConfig) -> Iterator[Pair]:
+    b = cfg.bench
+    result = train_run(b)
+    for family in families(b):
+        yield load_pair(b, str(cfg.device), family, result)
+
+
+def prompt_halves(pair: Pair, b: DictConfig, name: str) -> tuple[list, list, str | None]:
+    """(fit half, timed half, why not) of prompt set ``name`` (``bench/trained.py``)."""
+    if name not in SETS:
+        raise ValueError(f"bench.sets: unknown prompt set {name!r}; choose among {list(SETS)}")
+    pset = SETS[name](pair, b)
+    if pset.reason is not None:
+        return [], [], pset.reason
+    half = len(pset.prompts) // 2
+    if half < 1:
+        return [], [], f"prompt set {name} has {len(pset.prompts)} prompts; the fit and the timed batch need two"
+    return pset.prompts[:half], pset.prompts[half:], None
+
+
+def fit_fanout(pair: Pair, fit_prompts: list, b: DictConfig, temperature: float) -> tuple[tuple[int, ...], dict]:
+    """The fan-out of the async lines and the columns that say where it came from (module doc)."""
+    stated = fanout_spec(b)
+    if stated is not None:
+        return stated, {"fanout_from": "stated (bench.fanout)", "budget": sum(stated)}
+    N = int(b.budget)
+    sub = OmegaConf.create({"S": int(b.S), "batch": int(b.fit_batch), "seed": int(b.seed),
+                            "new_tokens": int(b.fit_new_tokens), "strategy": str(b.strategy)})
+    rounds = record_rounds(pair, fit_prompts, sub, temperature=temperature, keep=N)
+    fan, _ = fit_topologies(rounds, N, N)["optimal"]
+    fit_hit = float(rounds.hits(fan).float().mean()) if len(rounds.accepted) else None
+    log.info("T=%.2f: optimal fan-out %s (budget %d) fitted on %d rounds, hit rate there %s", temperature, list(fan),
+             N, len(rounds.accepted), fit_hit)
+    return fan, {"fanout_from": "optimal_fanout fitted on the first half of the prompts", "budget": N,
+                 "fit_rounds": len(rounds.accepted), "fit_prompts": len(fit_prompts), "fit_hit_rate": fit_hit}
+
+
+# timing one line ----------------------------------------------------------------------------------------------
+@dataclass
+class Point:
+    """One (set, temperature, batch) point: the models to time, the batch's prompts, its reference."""
+
+    target: object
+    draft: object
+    sample: list  # bsz prompts (token lists)
+    ids: torch.Tensor  # (B, Tp) left-padded
+    valid: torch.Tensor  # (B, Tp)
+    temperature: float
+    fanout: tuple[int, ...]
+    reference: list | None  # greedy: the target's autoregressive output of ``sample``
+
+
+def timing_models(pair: Pair, b: DictConfig, device: str) -> tuple[object, object, torch.dtype]:
+    """The pair in ``bench.dtype`` (auto: bf16 on CUDA, float32 on CPU): reloaded when that is not float32."""
+    from ssmspec.models.loading import load_model
+
+    dtype = C.resolve_dtype(str(b.dtype), device)
+    if dtype == torch.float32:
+        return pair.target, pair.draft, dtype
+    models = pair.manifest["models"]
+    return tuple(load_model(pair.entry / models[n]["path"], device=device, dtype=dtype) for n in pair.names) + (dtype,)
+
+
+def horizon(b: DictConfig) -> int:
+    """New tokens every engine may emit: every launched step at S + 1 tokens, plus slack."""
+    return (max(int(b.warmup), 1) + int(b.iters) + 2) * (int(b.S) + 1)
+
+
+def make_point(target, draft, prompts: list, bsz: int, b: DictConfig, *, temperature: float,
+               fanout: tuple[int, ...], graph: bool) -> Point:
+    from ssmspec.engine.generate import generate
+
+    Tp = int(b.prompt_len)
+    sample = [prompts[i % len(prompts)][-Tp:] for i in range(bsz)]
+    ids, valid = pad_group(sample, Tp, target.cfg.pad_token_id, target.device)
+    ref = None
+    if temperature == 0.0:
+        ref = generate(target, sample, max_new_tokens=horizon(b), strategy="autoregressive",
+                       cuda_graph=graph).sequences
+        release(str(target.device))
+    return Point(target, draft, sample, ids, valid, temperature, fanout, ref)
+
+
+def time_line(p: Point, line: Line, b: DictConfig, *, graph: bool, head: dict) -> dict:
+    """One row: ``line`` at point ``p`` through the engine (module doc); ``status: oom`` where it does not fit."""
+    from ssmspec.engine import Engine
+
+    S, T, bsz, seed = int(b.S), p.temperature, len(p.sample), int(b.seed)
+    spec_line = line.drafter != "none"
+    row_head = {**head, "line": line.label, "drafter": line.drafter, "backup": line.backup, "S": S if spec_line else 0,
+                "batch": bsz, "temperature": T,
+                "fanout": list(p.fanout) if line.drafter == "async_draft" else None}
+    opts: dict = {"draft_len": S}
+    if line.drafter in ("draft_model", "async_draft"):
+        opts.update(temperature=T, sample_seed=seed + 1)
+    if line.drafter == "async_draft":
+        opts.update(fanout=list(p.fanout), backup=line.backup)
+    if line.drafter == "png":
+        opts.update(ngram=NGRAM)
+    eng = None
+    try:
+        drafter = measured_drafter(line.drafter, target=p.target, draft=p.draft, **opts) if spec_line else None
+        eng = Engine(p.target, batch=bsz, prefill_len=int(b.prompt_len), max_new_tokens=horizon(b),
+                     strategy=str(b.strategy) if spec_line else "autoregressive", drafter=drafter,
+                     spec=SpecConfig(draft_len=S, buffer_size=int(b.R)) if spec_line else None,
+                     sampling=SamplingConfig(temperature=T, seed=seed), cuda_graph=graph)
+        eng.prefill(p.ids, p.valid, p.sample)
+        row = throughput_row(eng, warmup=int(b.warmup), iters=int(b.iters), reference=p.reference,
+                             oracle_alpha=None, **row_head)
+        if line.drafter == "async_draft":
+            rounds, hits = drafter.hit_counts()
+            row.update(cache_rounds=rounds * bsz, cache_hits=sum(hits),
+                       hit_rate=sum(hits) / (rounds * bsz) if rounds else None)
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not _is_oom(e):
+            raise
+        row = {**row_head, "status": "oom", "reason": str(e).splitlines()[0]}
+    del eng
+    release(str(p.target.device))
+    if row["status"] == "ok":
+        row["exact"] = row["ref_match"] == 1.0 if p.reference is not None and spec_line else None
+        if not spec_line:
+            row.update(draft_ms=0.0, acceptance="none")
+        log.info("T=%.2f B=%d %-20s %9.1f tokens/s  %.2f accepted  draft %.3f ms  hit %s", T, bsz, line.label,
+                 row["tokens_per_s"], row["mean_accepted"], row.get("draft_ms") or 0.0, row.get("hit_rate"))
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """``speedup_vs_ar`` on every ok row and ``speedup_vs_sync`` on the async ones: ratios within ``rows`` (one
+    set, temperature and batch of one run)."""
+    tps = {r["line"]: r["tokens_per_s"] for r in rows if r["status"] == "ok"}
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        ar, sync = tps.get(AR.label), tps.get(SYNC.label)
+        r["speedup_vs_ar"] = r["tokens_per_s"] / ar if ar else None
+        if r["drafter"] == "async_draft":
+            r["speedup_vs_sync"] = r["tokens_per_s"] / sync if sync else None
+
+
+@dataclass
+class SetRun:
+    """One pair's prompt set, ready to time: the models (in ``bench.dtype``), the fit and timed halves."""
+
+    pair: Pair
+    target: object
+    draft: object
+    graph: bool
+    fit: list
+    timed: list
+
+
+def set_points(cfg: DictConfig, what: str, sets: list[str]) -> Iterator[tuple[dict, SetRun | None]]:
+    """Per pair and prompt set: (columns every row carries, the set ready to time); None with a skipped row's
+    columns where the set is not on disk."""
+    b = cfg.bench
+    device = str(cfg.device)
+    graph = C.use_cuda_graph(b.get("cuda_graph", "auto"), device)
+    for pair in pairs(cfg):
+        if pair.draft.cfg.attention_layers:
+            raise ValueError(f"{what}: async_draft needs a draft without attention layers; the {pair.info['family']} "
+                             f"pair's draft has {list(pair.draft.cfg.attention_layers)}: set bench.family=mamba2")
+        target, draft, dtype = timing_models(pair, b, device)
+        for name in sets:
+            fit, timed, reason = prompt_halves(pair, b, name)
+            base = {**pair.info, "acceptance": "measured", "set": name, "dtype": C.dtype_name(dtype),
+                    "timing": "cuda_graph" if graph else "eager", "strategy": str(b.strategy),
+                    "prompt_len": int(b.prompt_len), "prompts_timed": len(timed), "R": int(b.R)}
+            if reason is not None:
+                yield {**base, "status": "skipped", "reason": reason}, None
+                continue
+            yield base, SetRun(pair, target, draft, graph, fit, timed)
+
+
+def run_e2e(cfg: DictConfig) -> Iterator[dict]:
+    """Bench function of ``saguaro_e2e`` (module doc): one row per set, temperature, batch and line."""
+    b = cfg.bench
+    sizes = check_common(b, "saguaro_e2e")
+    sets = [str(s) for s in b.sets]
+    if not sets or set(sets) - set(SETS):
+        raise ValueError(f"saguaro_e2e: bench.sets lists prompt sets of {list(SETS)}, got {sets}")
+    for base, run in set_points(cfg, "saguaro_e2e", sets):
+        base["kind"] = "e2e"
+        if run is None:
+            yield base
+            continue
+        for T in [float(t) for t in b.temperature]:
+            fan, fan_cols = fit_fanout(run.pair, run.fit, b, T)
+            for bsz in track(sizes, desc=f"saguaro_e2e {base['set']} T={T:g}"):
+                p = make_point(run.target, run.draft, run.timed, bsz, b, temperature=T, fanout=fan, graph=run.graph)
+                rows = [time_line(p, line, b, graph=run.graph, head={**base, **fan_cols}) for line in E2E_LINES]
+                add_speedups(rows)
+                yield from rows

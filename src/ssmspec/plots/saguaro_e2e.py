@@ -1,0 +1,128 @@
+"""Figures of ``saguaro_e2e`` and ``saguaro_fig6_backoff`` (bench/saguaro_e2e.py, bench/saguaro_backoff.py), from
+results only.
+
+``saguaro_e2e``: per prompt set and temperature, emitted tokens/s vs batch of autoregressive, synchronous and
+asynchronous speculation (backup draft, backup ngram), and below it the async lines' speedup over synchronous
+speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
+backup ngram, and the backoff line (the line ``backoff_choice`` picked at each batch from that batch's
+measurements), a vertical mark where the choice flips and a mark at the measured crossing of the two lines, the
+title saying whether they agree. Both MEASURED on a trained pair; titles say so (``plots/style.py``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ssmspec.plots.style import ok_rows, provenance
+
+_STYLE = {"autoregressive": ("#555555", "o", "-"), "sync draft_model": ("#4c72b0", "s", "-"),
+          "async backup=draft": ("#dd8452", "^", "-"), "async backup=ngram": ("#55a868", "v", "-"),
+          "sync png": ("#8172b3", "x", ":"), "backoff": ("#c44e52", "D", "--")}
+
+
+def _pair_line(d: pd.DataFrame) -> str:
+    r = d.iloc[0]
+    return (f"MEASURED acceptance: trained pair {r['target']} / {r['draft']} (train run {r['train_run']} "
+            f"{r['train_key']}), S = {int(d['S'].max())}, {r['dtype']}, {r['timing']}")
+
+
+def _fanout_note(d: pd.DataFrame) -> str:
+    a = d[d["drafter"] == "async_draft"]
+    if not len(a):
+        return ""
+    r = a.iloc[0]
+    how = "optimal_fanout, fitted on the first half" if str(r["fanout_from"]).startswith("optimal") else "stated"
+    return f"fan-out {list(r['fanout'])} ({how})"
+
+
+def _line(ax, t: pd.DataFrame, label: str, y: str, *, faint: bool = False) -> None:
+    color, marker, ls = _STYLE.get(label, ("#888888", "x", "-"))
+    t = t.sort_values("batch")
+    ax.plot(t["batch"], t[y], marker=marker, color=color, ls=ls, label=f"{label} (backoff input)" if faint else label,
+            alpha=0.35 if faint else 1.0, lw=0.9 if faint else 1.5)
+
+
+def _batch_axis(ax) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch")
+    ax.grid(alpha=0.3)
+
+
+def plot_e2e(df: pd.DataFrame, out: Path) -> None:
+    """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (set, T)."""
+    d = ok_rows(df)
+    d = d[d["kind"] == "e2e"] if "kind" in d.columns else d.iloc[0:0]
+    if not len(d):
+        raise ValueError("saguaro_e2e: no e2e rows to plot")
+    panels = list(dict.fromkeys(zip(d["set"], d["temperature"])))
+    fig, axes = plt.subplots(2, len(panels), figsize=(4.8 * len(panels), 7.6), squeeze=False)
+    for col, (name, T) in enumerate(panels):
+        p = d[(d["set"] == name) & (d["temperature"] == T)]
+        top, low = axes[0][col], axes[1][col]
+        for label in dict.fromkeys(p["line"]):
+            _line(top, p[p["line"] == label], label, "tokens_per_s")
+        a = p[p["drafter"] == "async_draft"]
+        for label in dict.fromkeys(a["line"]):
+            t = a[a["line"] == label]
+            _line(low, t, f"{label}", "speedup_vs_sync")
+            color = _STYLE.get(label, ("#888888",))[0]
+            low.plot(t.sort_values("batch")["batch"], t.sort_values("batch")["hit_rate"], color=color, ls=":",
+                     marker=".", label=f"{label}: cache hit rate")
+        low.axhline(1.0, color="#999999", lw=0.8)
+        top.set_title(f"{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
+        top.set_ylabel("emitted tokens/s")
+        low.set_ylabel("async / sync tokens/s (solid); hit rate (dotted)")
+        for ax in (top, low):
+            _batch_axis(ax)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
+                 f"{_pair_line(d)}\n{provenance(df)}", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_backoff(df: pd.DataFrame, out: Path) -> None:
+    """tokens/s vs batch of the two async lines and the backoff line, one panel per (set, T), flip and crossing
+    marked."""
+    d = ok_rows(df)
+    if "kind" not in d.columns or not (d["kind"] == "backoff").any():
+        raise ValueError("saguaro_fig6_backoff: no backoff rows to plot")
+    lines, choice, summary = d[d["kind"] == "line"], d[d["kind"] == "backoff"], d[d["kind"] == "backoff_summary"]
+    panels = list(dict.fromkeys(zip(choice["set"], choice["temperature"])))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 4.6), squeeze=False)
+    for ax, (name, T) in zip(axes[0], panels):
+        p = lines[(lines["set"] == name) & (lines["temperature"] == T)]
+        for label in dict.fromkeys(p["line"]):
+            t = p[p["line"] == label]
+            _line(ax, t, label, "tokens_per_s", faint=bool((t["role"] == "input").any()))
+        c = choice[(choice["set"] == name) & (choice["temperature"] == T)]
+        _line(ax, c, "backoff", "tokens_per_s")
+        s = summary[(summary["set"] == name) & (summary["temperature"] == T)]
+        note = ""
+        if len(s):
+            r = s.iloc[0]
+            flip, cross = r["flip_batch"], r["crossing_batch"]
+            if pd.notna(flip):
+                th = r["threshold_at_flip"]
+                ax.axvline(flip, color=_STYLE["backoff"][0], ls="--", lw=1,
+                           label=f"backoff flips at B = {int(flip)} (backoff_threshold there: "
+                                 f"{'none' if pd.isna(th) else int(th)})")
+            if pd.notna(cross):
+                ax.axvline(cross, color="#333333", ls=":", lw=1, label=f"measured crossing at B = {int(cross)}")
+            note = (f"flip {'none' if pd.isna(flip) else int(flip)} vs crossing "
+                    f"{'none' if pd.isna(cross) else int(cross)}: {'AGREE' if r['agree'] else 'DISAGREE'}")
+        ax.set_title(f"{name}, T = {T:g}: {note}\n{_fanout_note(p)}", fontsize=8)
+        ax.set_ylabel("emitted tokens/s")
+        _batch_axis(ax)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Saguaro Fig. 6: batch-size-aware backoff (slow draft backup vs n-gram backup) (MEASURED)\n"
+                 f"{_pair_line(lines if len(lines) else d)}\n{provenance(df)}", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,80 @@
+"""``saguaro_e2e`` and ``saguaro_fig6_backoff`` on CPU through the CLI, on the tiny pair the suite trains
+(conf/train/tiny.yaml, once per session into a temporary cache): rows carry the columns the figures read and say
+measured, every greedy speculative line (synchronous and asynchronous, both backups) emits exactly the
+autoregressive output (float32), the backoff picks one of the two measured lines, figures are drawn, and bad input
+is one error line."""
+from __future__ import annotations
+
+import pytest
+from pipeline_helpers import run_rows
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SMALL = ["profile=cpu", "bench.num_prompts=4", "bench.warmup=1", "bench.iters=4", "bench.fit_new_tokens=24",
+         "bench.batch=[1,2]", "bench.temperature=[0.0,1.0]"]
+E2E = ["experiment=saguaro_e2e", *SMALL, "bench.sets=[validation]"]
+FIG6 = ["experiment=saguaro_fig6_backoff", *SMALL, "bench.fanout=[2,1,1,1,1]"]
+ASYNC = {"async backup=draft", "async backup=ngram"}
+
+
+def _check_greedy_exact(rows):
+    greedy = [r for r in rows if r["temperature"] == 0.0 and r["S"] > 0]
+    assert greedy and all(r["ref_match"] == 1.0 and r["exact"] is True for r in greedy), \
+        [(r["line"], r["batch"], r["ref_match"]) for r in greedy]
+
+
+def test_e2e_rows_are_measured_exact_and_compared_in_the_same_run(cli, tmp_path, train_cache):
+    rows = run_rows(cli, tmp_path, E2E, f"bench.cache_dir={train_cache}")
+    assert len(rows) == 2 * 2 * 4  # temperatures x batches x lines
+    lines = {"autoregressive", "sync draft_model", *ASYNC}
+    for T in (0.0, 1.0):
+        for B in (1, 2):
+            got = {r["line"]: r for r in rows if r["temperature"] == T and r["batch"] == B}
+            assert set(got) == lines and all(r["status"] == "ok" for r in got.values())
+            for r in got.values():
+                assert r["pair"] == "trained" and r["train_key"] and r["family"] == "mamba2"
+                assert r["tokens_per_s"] > 0 and r["ms_p90"] >= r["ms_p50"] > 0 and "mean_accepted" in r
+                assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / got["autoregressive"]["tokens_per_s"])
+            for label in ASYNC:
+                r = got[label]
+                assert r["acceptance"] == "measured" and r["S"] == 4 and len(r["fanout"]) == 5
+                assert sum(r["fanout"]) <= 8 and r["fanout_from"].startswith("optimal_fanout")
+                assert 0.0 <= r["hit_rate"] <= 1.0 and r["cache_rounds"] > 0 and r["draft_ms"] > 0
+                assert r["speedup_vs_sync"] == pytest.approx(r["tokens_per_s"] / got["sync draft_model"]["tokens_per_s"])
+            assert got["sync draft_model"]["draft_ms"] > 0 and got["autoregressive"]["draft_ms"] == 0.0
+    _check_greedy_exact(rows)
+    assert all(r["ref_match"] is None for r in rows if r["temperature"] == 1.0)
+
+
+def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_cache):
+    rows = run_rows(cli, tmp_path, FIG6, f"bench.cache_dir={train_cache}")
+    lines = [r for r in rows if r["kind"] == "line"]
+    choices = [r for r in rows if r["kind"] == "backoff"]
+    summary = [r for r in rows if r["kind"] == "backoff_summary"]
+    assert len(lines) == 2 * 2 * 4 and len(choices) == 4 and len(summary) == 2
+    assert all(r["fanout"] == [2, 1, 1, 1, 1] and r["fanout_from"].startswith("stated") for r in choices)
+    tps = {(r["temperature"], r["batch"], r["line"]): r["tokens_per_s"] for r in lines}
+    for r in choices:
+        assert r["status"] == "ok" and r["choice"] in ("slow", "fast")
+        assert r["picked"] == {"slow": "async backup=draft", "fast": "async backup=ngram"}[r["choice"]]
+        assert r["tokens_per_s"] == tps[r["temperature"], r["batch"], r["picked"]]
+        assert 0 <= r["hit_rate"] <= 1 and r["verify_s"] > 0 and r["slow_s"] > 0 and r["fast_s"] > 0
+        assert r["predicted_s_per_token_slow"] > 0 and r["predicted_s_per_token_fast"] > 0
+    for s in summary:
+        assert s["agree"] == (s["flip_batch"] == s["crossing_batch"]) and s["batches"] == [1, 2]
+    _check_greedy_exact(lines)
+
+
+@pytest.mark.parametrize("argv,extra,message", [
+    (E2E, "bench.batch=[]", "bench.batch needs a non-empty list"),
+    (E2E, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
+    (E2E, "bench.budget=0", "cannot hold one cache branch"),
+    (FIG6, "bench.batch=[]", "bench.batch needs a non-empty list"),
+    (FIG6, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
+    (FIG6, "bench.fanout=[1,1]", "one count per accepted length"),
+], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "fig6-batch", "fig6-fanout", "fig6-fanout-length"])
+def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
+    status, _, err = cli("run", *argv, extra, f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and message in err, err
+    assert len([ln for ln in err.splitlines() if ln.startswith("error:")]) == 1
+    assert not (tmp_path / "run").exists()
