@@ -56,18 +56,22 @@ def test_greedy_drafts_equal_the_synchronous_drafter(preset, pattern, backup):
     ref = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive").sequences
     d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup)
     sync = make_drafter("draft_model", draft=draft, draft_len=S)
-    seen = []
+    seen, bufs = [], []
 
-    def propose_device(buf, inner=d.propose_device):
+    def lookup(buf, inner=d.lookup):
         if not seen:
             sync.reset([list(p) for p in PROMPTS], batch=len(PROMPTS), device="cpu", max_new_tokens=NEW)
-        tree = inner(buf)
+        bufs.append(buf)
+        return inner(buf)
+
+    def speculate(inner=d.speculate):  # the engine speculates after the lookup (and the backup, if a row missed)
+        buf = bufs[-1]
         want = sync.propose(buf.to_lists(), buf.pending()).tokens
         running = (buf.length - buf.prompt_len) < NEW
-        seen.append((tree.tokens.clone(), want, d.hit.clone(), running))
-        return tree
+        seen.append((d.drafts.clone(), want, d.hit.clone(), running))
+        inner()
 
-    d.propose_device = propose_device
+    d.lookup, d.speculate = lookup, speculate
     out = generate(target, PROMPTS, max_new_tokens=NEW, strategy="snapshot", drafter=d)
     assert out.sequences == ref
     rounds, hits = d.hit_counts()
@@ -175,7 +179,8 @@ def test_vocabulary_mismatch_fails_when_paired():
 
 # the engine ------------------------------------------------------------------------------------------------
 def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
-    """The documented order without the engine's driver: propose -> speculate -> target step."""
+    """The documented order without the engine's driver: lookup -> backup (only if a row missed) -> speculate ->
+    target step."""
     d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
                      residual_scale=0.5, backup="draft")
     eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
@@ -184,7 +189,9 @@ def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
     eng.prefill(ids, valid)
     s = eng.step
     for _ in range(steps):
-        s.set_drafts(s.draft())
+        s.set_drafts(d.lookup(s.buf))
+        if d.missed():
+            d.backup_drafts(s.buf)
         d.speculate()
         s.target_step()
     return s.buf.to_lists()
@@ -199,11 +206,32 @@ def test_engine_launch_runs_speculate_between_drafts_and_target():
                  sampling=sampling, cuda_graph=False)
     ids, valid = _pad_left(PROMPTS, 0, "cpu")
     eng.prefill(ids, valid)
-    assert eng.speculates
+    assert eng.speculation is not None
     for _ in range(5):
         eng.launch()
         eng.collect(keep=0)
     assert eng.step.buf.to_lists() == _hand_loop(target, draft, sampling, 5)
+    assert eng.speculation.backups >= 1  # the first round has no cache: it misses
+
+
+def test_backup_runs_only_in_rounds_where_a_row_missed():
+    """A draft equal to the target (greedy) predicts every verdict: after the first round (no cache) every row
+    hits, the engine never runs the backup again, and the output is still autoregressive's."""
+    target, _ = _pair("tiny-mamba2", None, noise=0.0)
+    ref = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive").sequences
+    d = make_drafter("async_draft", draft=target, draft_len=S, fanout=[1] * (S + 1), backup="draft")
+    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
+                 cuda_graph=False)
+    ids, valid = _pad_left(PROMPTS, 0, "cpu")
+    eng.prefill(ids, valid)
+    steps = NEW // (S + 1)  # every step emits S + 1 tokens: the budget is not reached
+    for _ in range(steps):
+        eng.launch()
+        eng.collect(keep=0)
+    rounds, hits = d.hit_counts()
+    assert eng.speculation.backups == 1 and rounds == steps - 1 and hits == [rounds] * len(PROMPTS)
+    for row, prompt, want in zip(eng.step.buf.to_lists(), PROMPTS, ref):
+        assert row[len(prompt):] == want[:len(row) - len(prompt)]
 
 
 @pytest.mark.gpu

@@ -4,11 +4,13 @@ While the target verifies round i's chain d_1 .. d_S, the draft model prepares r
 verdicts (k accepted drafts, bonus b) at once; when the verdict arrives one device-side lookup either finds the
 next drafts ready (a hit) or falls back to a backup predictor (a miss). One round, in the engine's order:
 
-    propose_device(buf)   (main stream, on the critical path) ``saguaro.cache_lookup`` of the last verdict against
-                          the cache keys; hit rows take their branch's S tokens (and q), miss rows the backup's:
-                          ``draft`` (the draft model drafts synchronously from its state after d_k: feed b, then
-                          S - 1 more, exactly what the ``draft_model`` drafter proposes), ``ngram`` (prompt n-gram
-                          lookup over the token buffer) or ``random`` (uniform tokens); q one-hot for the last two.
+    lookup(buf)           (main stream, on the critical path) ``saguaro.cache_lookup`` of the last verdict against
+                          the cache keys; hit rows take their branch's S tokens (and q)
+    backup_drafts(buf)    (main stream, only when a row missed: the engine asks ``missed()`` on the host) miss rows
+                          take the backup's drafts: ``draft`` (the draft model drafts synchronously from its state
+                          after d_k: feed b, then S - 1 more, exactly what the ``draft_model`` drafter proposes),
+                          ``ngram`` (prompt n-gram lookup over the token buffer) or ``random`` (uniform tokens); q
+                          one-hot for the last two
     speculate()           (side stream, concurrent with the target's verification) one call of B rows x (S + 1)
                           tokens [b, d_1 .. d_S] from the draft state after d_k of the previous chain stores the
                           state after every token (the new chain at depths 0 .. S) and gives the logits at every
@@ -31,10 +33,12 @@ are drawn from the draft distribution with its top max(fanout) + 1 tokens scaled
 a branch's draws use their own generator and never see the target's random numbers, so a hit's drafts are a
 fresh draw from q given the prefix.
 
-Fixed shapes, device ops only: the lookup, the backup (it runs for every row; hit rows discard it) and the branch
-calls are capturable. So the critical path always holds the backup: with ``backup: draft`` that is a whole
-synchronous draft (S calls of B rows), as in synchronous speculation; the overlap pays on the critical path with
-the fast backups (``ngram``, ``random``: Saguaro's backoff), whose misses cost acceptance instead. Counters on the device for benches: ``rounds`` (rounds with a cache) and ``hits`` (B,).
+Fixed shapes, device ops only: the lookup, the backup (it runs for every row; hit rows keep their branch) and the
+branch calls are capturable; ``engine/speculate.py`` replays the backup only in rounds where a row missed, so a
+round where every row hit has nothing but the lookup on the critical path. With ``backup: draft`` a miss costs a
+whole synchronous draft (S calls of B rows); the fast backups (``ngram``, ``random``: Saguaro's backoff) cost
+acceptance instead, and at large batches some row misses almost every round. Counters on the device for benches:
+``rounds`` (rounds with a cache) and ``hits`` (B,).
 Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
 (B, N, S, V) fp32. Attention drafts are refused: their branches would need tree KV over the chain's keys.
 """
@@ -155,8 +159,9 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
 
     # propose (critical path) ------------------------------------------------------------------------
     @torch.no_grad()
-    def propose_device(self, buf: TokenBuffer) -> DraftTree:
-        """The cache lookup of the last verdict; hits take their branch, misses the backup (module doc)."""
+    def lookup(self, buf: TokenBuffer) -> DraftTree:
+        """The cache lookup of the last verdict: hit rows take their branch's drafts (and q); miss rows keep
+        stale ones until ``backup_drafts`` fills them. Returns the round's ``DraftTree`` over static tensors."""
         self.engine.check_buffer(buf)
         B = self.engine.batch
         if self._fresh:  # first round: no verdict, no cache
@@ -170,11 +175,30 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.rounds.add_(self.have_cache.long()[0])
         self.hits.add_(self.hit.long())
         rows = torch.arange(B, device=branch.device)
-        tokens, q = self._backup(buf)
-        self.drafts.copy_(torch.where(self.hit[:, None], self.branch_tokens[rows, branch], tokens))
+        self.drafts.copy_(torch.where(self.hit[:, None], self.branch_tokens[rows, branch], self.drafts))
         if self.q is not None:
-            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, branch], q))
+            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, branch], self.q))
         return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
+
+    @torch.no_grad()
+    def backup_drafts(self, buf: TokenBuffer) -> None:
+        """The backup predictor's drafts into the miss rows of the round's drafts (fixed shapes: it runs for
+        every row; hit rows keep their branch)."""
+        tokens, q = self._backup(buf)
+        self.drafts.copy_(torch.where(self.hit[:, None], self.drafts, tokens))
+        if self.q is not None:
+            self.q.copy_(torch.where(self.hit[:, None, None], self.q, q))
+
+    def missed(self) -> bool:
+        """Host: did any row miss the cache this round (so the backup must run)? Reads one flag: a sync."""
+        return not bool(self.hit.all())
+
+    @torch.no_grad()
+    def propose_device(self, buf: TokenBuffer) -> DraftTree:
+        """Lookup and backup in one fixed-shape call (the engine splits them: ``engine/speculate.py``)."""
+        tree = self.lookup(buf)
+        self.backup_drafts(buf)
+        return tree
 
     def _backup(self, buf: TokenBuffer) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, S) and their q (B, S, V) (None: greedy) for every row, as a miss would take them."""

@@ -11,9 +11,8 @@ users run.
     samples_ms = eng.time_steps(warmup=3, iters=20)   # benchmarks: CUDA events around each replay
 
 A drafter with ``speculate()`` (asynchronous speculation, ``drafting/async_draft.py``) fills its speculation
-cache while the target verifies: per launch the draft graph (cache lookup / backup) runs on the main stream,
-then the drafter's speculate graph on a side stream concurrently with the target's graph on the main stream,
-and the main stream waits for the side stream before the next step. Eagerly (CPU): speculate, then the target.
+cache while the target verifies (``engine/speculate.py``): per launch the cache lookup, the backup only when a
+row missed (a host decision), then the speculate graph on a side stream concurrently with the target's graph.
 
 The first ``launch`` runs eagerly (on a side stream under CUDA: lazy initialisation, Triton compilation,
 cuBLAS workspaces), then the drafter's graph and the target's graph are captured and every later launch
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.engine.memory import check_fits, plan_bytes
+from ssmspec.engine.speculate import Speculation
 from ssmspec.engine.step import DecodeStep, Report, default_verifier
 from ssmspec.models.model import HybridLM
 from ssmspec.strategies import SpecConfig, StrategyBase, make_strategy
@@ -97,13 +97,13 @@ class Engine:
         self.launches = 0
         self.loop_wall_ms: float | None = None  # wall-clock ms of the last time_steps loop
         self.draft_seconds: list[float] = []  # drafting time of every collected step (CUDA events / perf_counter)
-        self.speculates = callable(getattr(drafter, "speculate", None))  # asynchronous speculation (module doc)
-        self._graphs: tuple | None = None  # (draft graph or None, speculate graph or None, target graph) once captured
+        self.speculation = Speculation(drafter, dev, cuda=self.cuda) if callable(getattr(drafter, "speculate", None)) \
+            else None  # asynchronous speculation (module doc)
+        self._graphs: tuple | None = None  # (draft graph or None, target graph) once captured
         self._inflight: list = []  # launched steps not collected yet: (host report, done event, timing events)
         if self.cuda:
             self._host = [torch.empty(self.step.report.shape, dtype=torch.long, pin_memory=True) for _ in range(2)]
             self._stream = torch.cuda.Stream(dev)
-            self._side = torch.cuda.Stream(dev) if self.speculates else None  # the speculate graph's stream
 
     @property
     def drafter_on_device(self) -> bool:
@@ -140,9 +140,11 @@ class Engine:
     # steps -----------------------------------------------------------------------------------------
     def _eager(self) -> None:
         s = self.step
+        if self.speculation is not None:
+            self.speculation.draft(s)
+            self.speculation.overlap(s.target_step)
+            return
         s.set_drafts(s.draft())
-        if self.speculates:
-            self.drafter.speculate()
         s.target_step()
 
     def draft_ms(self) -> list[float]:
@@ -153,22 +155,18 @@ class Engine:
     def _capture(self) -> None:
         s, gens = self.step, list(getattr(self.drafter, "generators", lambda: [])())
         draft_graph = None
-        if self.drafter is not None and self.drafter_on_device:
+        if self.speculation is not None:  # lookup, backup and speculate graphs (engine/speculate.py)
+            draft_graph = self.speculation.capture(s, _register)
+        elif self.drafter is not None and self.drafter_on_device:
             draft_graph = torch.cuda.CUDAGraph()
             _register(draft_graph, gens)
             with torch.cuda.graph(draft_graph):
                 s.set_drafts(s.draft())
-        spec_graph = None
-        if self.speculates:  # captured on its own; replayed on the side stream (launch)
-            spec_graph = torch.cuda.CUDAGraph()
-            _register(spec_graph, self.drafter.speculate_generators())
-            with torch.cuda.graph(spec_graph):
-                self.drafter.speculate()
         target_graph = torch.cuda.CUDAGraph()
         _register(target_graph, [self.generator])
         with torch.cuda.graph(target_graph):
             s.target_step()
-        self._graphs = (draft_graph, spec_graph, target_graph)
+        self._graphs = (draft_graph, target_graph)
 
     @torch.no_grad()
     def launch(self) -> None:
@@ -182,11 +180,15 @@ class Engine:
         else:
             t0 = time.perf_counter()
         if not self.graphed:
-            s.set_drafts(s.draft())
+            if self.speculation is not None:
+                self.speculation.draft(s)
+            else:
+                s.set_drafts(s.draft())
             t_mid = mid.record() if self.cuda else time.perf_counter()
-            if self.speculates:  # eagerly before the target (same results as the overlapped streams)
-                self.drafter.speculate()
-            s.target_step()
+            if self.speculation is not None:  # speculate, then the target (the overlapped streams' results)
+                self.speculation.overlap(s.target_step)
+            else:
+                s.target_step()
         elif self._graphs is None:  # first step: eager on a side stream, then capture (not executed)
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):
@@ -202,20 +204,18 @@ class Engine:
                                    f".tolist(), float(tensor), a data-dependent shape) -- remove it, or run "
                                    f"eagerly with cuda_graph=False") from e
         else:
-            draft_graph, spec_graph, target_graph = self._graphs
-            if draft_graph is not None:
+            draft_graph, target_graph = self._graphs
+            if self.speculation is not None:  # lookup, and the backup when a row missed
+                self.speculation.replay_draft(draft_graph)
+            elif draft_graph is not None:
                 draft_graph.replay()
             elif self.drafter is not None:  # host drafter: eager drafts into the graph's static inputs
                 s.copy_drafts(s.draft())
             mid.record()
-            if spec_graph is not None:  # the draft speculates on the side stream while the target verifies
-                main = torch.cuda.current_stream()
-                self._side.wait_stream(main)
-                with torch.cuda.stream(self._side):
-                    spec_graph.replay()
-            target_graph.replay()
-            if spec_graph is not None:
-                main.wait_stream(self._side)  # the next lookup reads what speculate cached
+            if self.speculation is not None:  # the draft speculates on a side stream while the target verifies
+                self.speculation.overlap(target_graph.replay)
+            else:
+                target_graph.replay()
         self.strategy.after_step()  # host-launched work after the step, outside the graphs (usually none)
         self.launches += 1
         if self.cuda:
