@@ -40,6 +40,7 @@ def test_e2e_rows_are_measured_exact_and_compared_in_the_same_run(cli, tmp_path,
                 assert r["acceptance"] == "measured" and r["S"] == 4 and len(r["fanout"]) == 5
                 assert sum(r["fanout"]) <= 8 and r["fanout_from"].startswith("optimal_fanout")
                 assert 0.0 <= r["hit_rate"] <= 1.0 and r["cache_rounds"] > 0 and r["draft_ms"] > 0
+                assert 0.0 <= r["backup_share"] <= 1.0
                 assert r["speedup_vs_sync"] == pytest.approx(r["tokens_per_s"] / got["sync draft_model"]["tokens_per_s"])
             assert got["sync draft_model"]["draft_ms"] > 0 and got["autoregressive"]["draft_ms"] == 0.0
     _check_greedy_exact(rows)

@@ -8,7 +8,8 @@ Per prompt set, temperature and batch, four lines run through the engine in the 
     async backup=draft    the slow backup
     async backup=ngram    the fast backup
     sync draft_model      input only: the draft model drafting S tokens on the critical path, and its acceptance
-    sync png              input only: the n-gram predictor's own acceptance (match length 3, as the ngram backup)
+    sync png              input only: the n-gram predictor (match length 3, as the ngram backup) on the critical
+                          path, and its acceptance
 
 and a ``backoff`` row: the backup ``saguaro_topology.backoff_choice`` picks at that batch from these measured
 quantities of the same batch, and the tokens/s of the line it picks (no third engine run: the backoff decides
@@ -17,11 +18,13 @@ which of the two measured lines runs at each batch):
     hit_rate      the async backup=draft line's cache hit rate (the drafter's counters: hits over rounds with a
                   cache, per sequence)
     verify_s      the median over timed steps of (step time - drafting time) of the async backup=ngram line: the
-                  part of a round that is not the backup (the target's verification; on CPU, where nothing
-                  overlaps, also the speculation)
+                  part of a round after the lookup and backup (the target's verification, the speculation beside
+                  it; on CPU, where nothing overlaps, after it). The lookup, common to both backups, is left out
     slow_s        the median drafting time of the sync draft_model line (``Engine.draft_ms``): the draft model
                   drafting S tokens, what a missed round waits for with the slow backup
-    fast_s        the median drafting time of the async backup=ngram line (cache lookup + n-gram lookup)
+    fast_s        the median drafting time of the sync png line: the n-gram lookup. The sync lines run their
+                  drafter every step, so their medians are the backups' costs; the async lines' drafting time
+                  holds a backup only in rounds where a row missed (``engine/speculate.py``)
     draft_alpha   per-token acceptance of the draft's chains: ``saguaro_topology.fit_rate`` of the sync
                   draft_model line's accepted-length histogram (what a hit or a slow backup earns)
     fast_alpha    the same of the sync png line's histogram (what a fast backup earns)
@@ -35,9 +38,9 @@ both cheaper and at least as accurate as the draft, no trade-off exists: the row
 A ``backoff_summary`` row per set and temperature: ``flip_batch``, the first batch of the sweep where the choice
 is the fast backup; ``crossing_batch``, the first where the measured async backup=ngram line beats async
 backup=draft; ``agree`` (the same batch, or neither exists), and ``monotone`` (the choice flips at most once).
-Note that the model assumes a round whose rows all hit skips the backup; an engine that runs the backup in every
-round (fixed shapes, ``drafting/async_draft.py``) pays T_backup always, so the measured crossing then comes
-earlier than the flip and the summary says they disagree: the figure tests the model against the engine.
+The model assumes what the engine does (``engine/speculate.py``: the backup runs only in a round where some row
+missed) and more: hits independent across sequences (miss share 1 - h^B; the slow line's ``backup_share`` is the
+engine's measured share beside it) and latencies that add. The summary tests the model against the engine.
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ def measured_inputs(rows: dict[str, dict], S: int) -> dict:
     ngram = rows[ASYNC_NGRAM.label]
     rest = [s - d for s, d in zip(ngram["samples_ms"], ngram["draft_samples_ms"])]
     return {"hit_rate": rows[ASYNC_DRAFT.label]["hit_rate"], "verify_s": statistics.median(rest) * 1e-3,
-            "slow_s": rows[SYNC.label]["draft_ms"] * 1e-3, "fast_s": ngram["draft_ms"] * 1e-3,
+            "slow_s": rows[SYNC.label]["draft_ms"] * 1e-3, "fast_s": rows[SYNC_PNG.label]["draft_ms"] * 1e-3,
             "draft_alpha": topo.fit_rate(topo.depth_law_from_hist(rows[SYNC.label]["accepted_hist"], S)),
             "fast_alpha": topo.fit_rate(topo.depth_law_from_hist(rows[SYNC_PNG.label]["accepted_hist"], S)), "S": S}
 

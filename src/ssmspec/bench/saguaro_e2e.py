@@ -24,10 +24,12 @@ prompts, cycled up to the batch size, so the fan-out is never scored on the prom
 Per set, temperature (0: greedy; > 0: speculative sampling, seeded) and batch, each row carries
 ``tokens_per_s`` (emitted tokens, accepted + 1 per sequence and step, over the summed step times), ``ms_p50`` /
 ``ms_p90`` (step time), ``mean_accepted`` and ``accepted_hist``, ``draft_ms`` (the drafting part of each step:
-``Engine.draft_ms``, the draft graph on the critical path -- for the async lines the cache lookup and the
-backup; ``draft_ms_p90`` beside it), ``hit_rate`` (async lines: hits over the rounds that had a cache, from the
-drafter's device counters ``hit_counts()``: every round of the run after the first, warm-up rounds included,
-per sequence), ``speedup_vs_ar`` and, for the async lines, ``speedup_vs_sync`` (ratios of tokens/s measured in
+``Engine.draft_ms``, the draft graph on the critical path -- for the async lines the cache lookup and, in a
+round where some row missed, the backup (``engine/speculate.py``); ``draft_ms_p90`` beside it), ``hit_rate``
+(async lines: hits over the rounds that had a cache, from the drafter's device counters ``hit_counts()``: every
+round of the run after the first, warm-up rounds included, per sequence), ``backup_share`` (the share of the
+run's steps whose backup ran because some row missed: the engine's count), ``speedup_vs_ar`` and, for the
+async lines, ``speedup_vs_sync`` (ratios of tokens/s measured in
 the same run, same set, temperature and batch). Greedy rows carry ``ref_match`` (the share of sequences equal to
 the target's autoregressive greedy output of the same prompts, computed once per set and batch) and ``exact``
 (``ref_match == 1``): greedy verification is lossless, so in float32 (CPU) every line must be exact
@@ -47,6 +49,7 @@ of this cache, so none is made.
 from __future__ import annotations
 
 import logging
+import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -60,6 +63,7 @@ from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.real_drafters import measured_drafter
 from ssmspec.bench.saguaro_cache import fit_topologies, record_rounds
 from ssmspec.bench.steps_replay import release
+from ssmspec.bench.timing import summarize
 from ssmspec.bench.trained import Pair, families, humaneval_set, load_pair, train_run, validation_set
 from ssmspec.drafting import saguaro
 from ssmspec.drafting import saguaro_topology as topo
@@ -234,10 +238,15 @@ def time_line(p: Point, line: Line, b: DictConfig, *, graph: bool, head: dict) -
         eng.prefill(p.ids, p.valid, p.sample)
         row = throughput_row(eng, warmup=int(b.warmup), iters=int(b.iters), reference=p.reference,
                              oracle_alpha=None, **row_head)
+        if spec_line and "draft_ms" not in row:  # a drafter without a draft model (png): its drafting time too
+            ms = eng.draft_ms()
+            row.update(draft_samples_ms=ms, draft_ms=statistics.median(ms), draft_ms_p90=summarize(ms)["ms_p90"])
         if line.drafter == "async_draft":
             rounds, hits = drafter.hit_counts()
+            backups = getattr(eng.speculation, "backups", None)  # rounds whose backup ran (a row missed)
             row.update(cache_rounds=rounds * bsz, cache_hits=sum(hits),
-                       hit_rate=sum(hits) / (rounds * bsz) if rounds else None)
+                       hit_rate=sum(hits) / (rounds * bsz) if rounds else None, backup_rounds=backups,
+                       backup_share=backups / eng.launches if backups is not None and eng.launches else None)
     except (torch.OutOfMemoryError, RuntimeError) as e:
         if not _is_oom(e):
             raise
