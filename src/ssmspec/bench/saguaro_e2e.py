@@ -302,6 +302,7 @@ def set_points(cfg: DictConfig, what: str, sets: list[str]) -> Iterator[tuple[di
             fit, timed, reason = prompt_halves(pair, b, name)
             base = {**pair.info, "acceptance": "measured", "set": name, "dtype": C.dtype_name(dtype),
                     "timing": "cuda_graph" if graph else "eager", "strategy": str(b.strategy),
+                    "overlap": "speculate on a side CUDA stream" if graph else "none: eager, speculate then verify",
                     "prompt_len": int(b.prompt_len), "prompts_timed": len(timed), "R": int(b.R)}
             if reason is not None:
                 yield {**base, "status": "skipped", "reason": reason}, None
