@@ -170,7 +170,8 @@ class Engine:
 
     @torch.no_grad()
     def launch(self) -> None:
-        """Queue one decode step (see module doc); never waits for the device except on the first call.
+        """Queue one decode step (see module doc); never waits for the device except on the first call and,
+        with a speculating drafter, on its one backup flag a step (``engine/speculate.py``).
         Reports go to two pinned buffers in turn: call ``collect(keep=1)`` after every launch (at most two
         steps in flight), as generate() and time_steps() do."""
         s = self.step
