@@ -47,10 +47,20 @@ def _line(ax, t: pd.DataFrame, label: str, y: str, *, faint: bool = False) -> No
             alpha=0.35 if faint else 1.0, lw=0.9 if faint else 1.5)
 
 
-def _batch_axis(ax) -> None:
+def _batch_axis(ax, ylabel: str) -> None:
+    """A panel's log2 batch axis, its y label, grid and legend."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch")
+    ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _save(fig, out: Path, title: str, top: float) -> None:
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
@@ -68,23 +78,16 @@ def plot_e2e(df: pd.DataFrame, out: Path) -> None:
             _line(top, p[p["line"] == label], label, "tokens_per_s")
         a = p[p["drafter"] == "async_draft"]
         for label in dict.fromkeys(a["line"]):
-            t = a[a["line"] == label]
+            t = a[a["line"] == label].sort_values("batch")
             _line(low, t, f"{label}", "speedup_vs_sync")
             color = _STYLE.get(label, ("#888888",))[0]
-            low.plot(t.sort_values("batch")["batch"], t.sort_values("batch")["hit_rate"], color=color, ls=":",
-                     marker=".", label=f"{label}: cache hit rate")
+            low.plot(t["batch"], t["hit_rate"], color=color, ls=":", marker=".", label=f"{label}: cache hit rate")
         low.axhline(1.0, color="#999999", lw=0.8)
         top.set_title(f"{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
-        top.set_ylabel("emitted tokens/s")
-        low.set_ylabel("async / sync tokens/s (solid); hit rate (dotted)")
-        for ax in (top, low):
-            _batch_axis(ax)
-            ax.legend(fontsize=7)
-    fig.suptitle(f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
-                 f"{_pair_line(d)}\n{provenance(df)}", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.92))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+        _batch_axis(top, "emitted tokens/s")
+        _batch_axis(low, "async / sync tokens/s (solid); hit rate (dotted)")
+    _save(fig, out, f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
+          f"{_pair_line(d)}\n{provenance(df)}", 0.92)
 
 
 def plot_backoff(df: pd.DataFrame, out: Path) -> None:
@@ -118,11 +121,6 @@ def plot_backoff(df: pd.DataFrame, out: Path) -> None:
             note = (f"flip {'none' if pd.isna(flip) else int(flip)} vs crossing "
                     f"{'none' if pd.isna(cross) else int(cross)}: {'AGREE' if r['agree'] else 'DISAGREE'}")
         ax.set_title(f"{name}, T = {T:g}: {note}\n{_fanout_note(p)}", fontsize=8)
-        ax.set_ylabel("emitted tokens/s")
-        _batch_axis(ax)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Saguaro Fig. 6: batch-size-aware backoff (slow draft backup vs n-gram backup) (MEASURED)\n"
-                 f"{_pair_line(lines if len(lines) else d)}\n{provenance(df)}", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.9))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+        _batch_axis(ax, "emitted tokens/s")
+    _save(fig, out, f"Saguaro Fig. 6: batch-size-aware backoff (slow draft backup vs n-gram backup) (MEASURED)\n"
+          f"{_pair_line(lines if len(lines) else d)}\n{provenance(df)}", 0.9)
