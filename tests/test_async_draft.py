@@ -178,15 +178,26 @@ def test_vocabulary_mismatch_fails_when_paired():
 
 
 # the engine ------------------------------------------------------------------------------------------------
-def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
-    """The documented order without the engine's driver: lookup -> backup (only if a row missed) -> speculate ->
-    target step."""
-    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
-                     residual_scale=0.5, backup="draft")
-    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
+def _prefilled_engine(target, drafter, sampling=SamplingConfig()) -> Engine:
+    """An eager engine over PROMPTS with ``drafter``, prefilled."""
+    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=drafter,
                  sampling=sampling, cuda_graph=False)
     ids, valid = _pad_left(PROMPTS, 0, "cpu")
     eng.prefill(ids, valid)
+    return eng
+
+
+def _sampled_engine(target, draft, sampling):
+    """The sampled async drafter of the engine tests (lambda 0.5, backup draft) and its prefilled engine."""
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
+                     residual_scale=0.5, backup="draft")
+    return d, _prefilled_engine(target, d, sampling)
+
+
+def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
+    """The documented order without the engine's driver: lookup -> backup (only if a row missed) -> speculate ->
+    target step."""
+    d, eng = _sampled_engine(target, draft, sampling)
     s = eng.step
     for _ in range(steps):
         s.set_drafts(d.lookup(s.buf))
@@ -200,12 +211,7 @@ def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
 def test_engine_launch_runs_speculate_between_drafts_and_target():
     target, draft = _pair("tiny-mamba2", None, noise=0.1, dtype=torch.float32)
     sampling = SamplingConfig(temperature=1.0, seed=3)
-    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 1, 1, 0, 1], temperature=1.0,
-                     residual_scale=0.5, backup="draft")
-    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
-                 sampling=sampling, cuda_graph=False)
-    ids, valid = _pad_left(PROMPTS, 0, "cpu")
-    eng.prefill(ids, valid)
+    d, eng = _sampled_engine(target, draft, sampling)
     assert eng.speculation is not None
     for _ in range(5):
         eng.launch()
@@ -220,10 +226,7 @@ def test_backup_runs_only_in_rounds_where_a_row_missed():
     target, _ = _pair("tiny-mamba2", None, noise=0.0)
     ref = generate(target, PROMPTS, max_new_tokens=NEW, strategy="autoregressive").sequences
     d = make_drafter("async_draft", draft=target, draft_len=S, fanout=[1] * (S + 1), backup="draft")
-    eng = Engine(target, batch=len(PROMPTS), prefill_len=6, max_new_tokens=NEW, strategy="snapshot", drafter=d,
-                 cuda_graph=False)
-    ids, valid = _pad_left(PROMPTS, 0, "cpu")
-    eng.prefill(ids, valid)
+    eng = _prefilled_engine(target, d)
     steps = NEW // (S + 1)  # every step emits S + 1 tokens: the budget is not reached
     for _ in range(steps):
         eng.launch()
