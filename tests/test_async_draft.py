@@ -255,3 +255,78 @@ def test_captured_two_streams_equal_eager_on_cuda(temperature):
                        cuda_graph=graphed)
         runs.append((out.sequences, d.hit_counts()))
     assert runs[0] == runs[1]
+
+
+# the draft on its own device ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("backup", ["draft", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_device_path_equals_the_one_device_run(backup, temperature):
+    """``draft_device`` naming the target's own device runs every transfer of the two-device path (send, fetch_cache,
+    fetch_backup, the merge) with the same draws in the same order: the output and the cache counters equal the
+    one-device run token for token, hits and misses both seen (a transfer left out would change the drafts)."""
+    if temperature == 0.0:
+        (target, draft), prompts = _pair("tiny-mamba2", None, noise=0.05), PROMPTS
+    else:  # a small vocabulary, so sampled rounds hit the cache too
+        (target, draft), prompts = _pair("tiny-mamba2", None, noise=0.3, vocab=V_SMALL), [[t % V_SMALL for t in p]
+                                                                                        for p in PROMPTS]
+    sampling = SamplingConfig(temperature=temperature, seed=4)
+    opts = dict(draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup, temperature=temperature,
+                residual_scale=0.5 if temperature else 1.0)
+    runs = []
+    for device in (None, "cpu"):
+        d = make_drafter("async_draft", draft_device=device, **opts)
+        assert d.remote == (device is not None)
+        out = generate(target, prompts, max_new_tokens=NEW, strategy="snapshot", drafter=d, sampling=sampling)
+        runs.append((out.sequences, d.hit_counts()))
+    assert runs[0] == runs[1]
+    rounds, hits = runs[1][1]
+    assert 0 < sum(hits) < rounds * len(prompts), (rounds, hits)
+    if temperature == 0.0:
+        assert runs[1][0] == generate(target, prompts, max_new_tokens=NEW, strategy="autoregressive").sequences
+
+
+@pytest.mark.parametrize("device,match", [
+    ("gpu1", "must name a device such as cuda:1"),
+    ("cuda", "name the GPU, e.g. cuda:1"),
+    (f"cuda:{torch.cuda.device_count() + 3}", r"does not exist: this machine has \d visible CUDA device"),
+    ("meta", "only cpu and cuda devices"),
+])
+def test_bad_draft_device_fails_when_built(device, match):
+    with pytest.raises(ValueError, match=match):
+        make_drafter("async_draft", draft="tiny-mamba2", draft_device=device)
+
+
+def test_remote_drafter_refuses_the_engine_less_proposal():
+    d = make_drafter("async_draft", draft="tiny-mamba2", draft_device="cpu")
+    with pytest.raises(ValueError, match="runs through the engine only"):
+        d.propose_device(None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("backup", ["draft", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature):
+    """The draft on cuda:1 (captured graphs on both GPUs, transfers between them) decodes exactly what the draft on
+    the target's GPU decodes, and greedy output equals autoregressive; a draft model loaded on the wrong GPU and a
+    CUDA draft for a CPU target are refused."""
+    cfg = load_preset("tiny-mamba2")
+    target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    opts = dict(draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup, temperature=temperature,
+                residual_scale=0.5 if temperature else 1.0)
+    runs = []
+    for device in (None, "cuda:1"):
+        draft = build_model(cfg, seed=1, device=device or "cuda:0", dtype=torch.float32)
+        d = make_drafter("async_draft", draft=draft, draft_device=device, **opts)
+        out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling)
+        runs.append((out.sequences, d.hit_counts()))
+    assert runs[0] == runs[1]
+    if temperature == 0.0:
+        assert runs[0][0] == generate(target, PROMPTS, max_new_tokens=40, strategy="autoregressive").sequences
+    wrong = make_drafter("async_draft", draft=build_model(cfg, seed=1, device="cuda:0"), draft_device="cuda:1")
+    with pytest.raises(ValueError, match="lives on cuda:0 but draft_device is cuda:1"):
+        generate(target, PROMPTS, max_new_tokens=4, strategy="snapshot", drafter=wrong)
+    with pytest.raises(ValueError, match="must both be CUDA devices"):
+        generate(build_model(cfg, seed=0), PROMPTS, max_new_tokens=4, strategy="snapshot",
+                 drafter=make_drafter("async_draft", draft="tiny-mamba2", draft_device="cuda:1"))

@@ -24,7 +24,11 @@ def _check_greedy_exact(rows):
 
 
 def test_e2e_rows_are_measured_exact_and_compared_in_the_same_run(cli, tmp_path, train_cache):
-    rows = run_rows(cli, tmp_path, E2E, f"bench.cache_dir={train_cache}")
+    rows = run_rows(cli, tmp_path, E2E, f"bench.cache_dir={train_cache}", "bench.draft_devices=[same,cuda:1]")
+    skipped = [r for r in rows if r["status"] == "skipped"]  # no second GPU here: the own-GPU lines say why
+    assert {r["line"] for r in skipped} == {f"{a}, draft on cuda:1" for a in ASYNC}
+    assert all("draft_device cuda:1 does not exist" in r["reason"] and r["draft_device"] == "cuda:1" for r in skipped)
+    rows = [r for r in rows if r["status"] != "skipped"]
     assert len(rows) == 2 * 2 * 4  # temperatures x batches x lines
     lines = {"autoregressive", "sync draft_model", *ASYNC}
     for T in (0.0, 1.0):
@@ -40,7 +44,7 @@ def test_e2e_rows_are_measured_exact_and_compared_in_the_same_run(cli, tmp_path,
                 assert r["acceptance"] == "measured" and r["S"] == 4 and len(r["fanout"]) == 5
                 assert sum(r["fanout"]) <= 8 and r["fanout_from"].startswith("optimal_fanout")
                 assert 0.0 <= r["hit_rate"] <= 1.0 and r["cache_rounds"] > 0 and r["draft_ms"] > 0
-                assert 0.0 <= r["backup_share"] <= 1.0
+                assert 0.0 <= r["backup_share"] <= 1.0 and r["draft_device"] == "same"
                 assert r["speedup_vs_sync"] == pytest.approx(r["tokens_per_s"] / got["sync draft_model"]["tokens_per_s"])
             assert got["sync draft_model"]["draft_ms"] > 0 and got["autoregressive"]["draft_ms"] == 0.0
     _check_greedy_exact(rows)
@@ -70,10 +74,11 @@ def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_c
     (E2E, "bench.batch=[]", "bench.batch needs a non-empty list"),
     (E2E, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
     (E2E, "bench.budget=0", "cannot hold one cache branch"),
+    (E2E, "bench.draft_devices=[gpu1]", "neither 'same' nor a GPU such as cuda:1"),
     (FIG6, "bench.batch=[]", "bench.batch needs a non-empty list"),
     (FIG6, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
     (FIG6, "bench.fanout=[1,1]", "one count per accepted length"),
-], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "fig6-batch", "fig6-fanout", "fig6-fanout-length"])
+], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "e2e-draft-device", "fig6-batch", "fig6-fanout", "fig6-fanout-length"])
 def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
     status, _, err = cli("run", *argv, extra, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err, err

@@ -9,6 +9,10 @@ CUDA, eager steps on CPU, ``warmup`` untimed steps then ``iters`` timed ones fro
     async backup=draft    ``async_draft``: the speculation cache filled while the target verifies; a miss drafts
                           synchronously with the draft model (the same draft, the same S)
     async backup=ngram    ``async_draft`` whose misses take a prompt n-gram lookup instead
+    async ..., draft on D the two async lines with the draft on device D of its own (``bench.draft_devices``: the
+                          target's GPU is ``same``; e.g. ``cuda:1``, seed 002's setting): the speculation runs on
+                          the second GPU while the first verifies (``engine/speculate.py``); rows ``skipped`` where
+                          the machine has no such GPU
 
 Acceptance is MEASURED: the trained Mamba-2 pair (``bench.family: mamba2``, whose draft is pure Mamba-2, as
 ``async_draft`` requires) of the train run ``bench.train`` (``tiny`` on CPU, ``gpu`` on the GPU profile; trained on
@@ -81,6 +85,11 @@ class Line:
     label: str  # the row's ``line``
     drafter: str  # none | draft_model | png | async_draft
     backup: str | None = None  # async_draft only: draft | ngram
+    draft_device: str | None = None  # async_draft only: a device of its own for the draft (None: the target's)
+
+    def on(self, device: str) -> "Line":
+        """This async line with the draft on ``device``."""
+        return Line(f"{self.label}, draft on {device}", self.drafter, self.backup, device)
 
 
 AR = Line("autoregressive", "none")
@@ -112,7 +121,20 @@ def check_common(b: DictConfig, what: str) -> list[int]:
     if not list(b.temperature):
         raise ValueError(f"{what}: bench.temperature needs at least one temperature, e.g. [0.0]")
     fanout_spec(b)
+    draft_devices(b)
     return sizes
+
+
+def draft_devices(b: DictConfig) -> list[str]:
+    """``bench.draft_devices``: where the async lines' draft runs, ``same`` (the target's GPU, its own stream) and
+    devices of its own such as ``cuda:1``; a malformed name fails here (a missing GPU skips its rows instead)."""
+    devs = [str(d) for d in b.get("draft_devices", ["same"])]
+    if not devs:
+        raise ValueError("bench.draft_devices needs at least one entry, e.g. [same] or [same, cuda:1]")
+    for d in devs:
+        if d != "same" and (not d.startswith("cuda:") or not d[5:].isdigit()):
+            raise ValueError(f"bench.draft_devices: {d!r} is neither 'same' nor a GPU such as cuda:1")
+    return devs
 
 
 def fanout_spec(b: DictConfig) -> tuple[int, ...] | None:
@@ -179,6 +201,7 @@ class Point:
     temperature: float
     fanout: tuple[int, ...]
     reference: list | None  # greedy: the target's autoregressive output of ``sample``
+    drafts_on: dict | None = None  # draft device -> the draft model loaded there (the lines' ``draft_device``)
 
 
 def timing_models(pair: Pair, b: DictConfig, device: str) -> tuple[object, object, torch.dtype]:
@@ -225,12 +248,14 @@ def time_line(p: Point, line: Line, b: DictConfig, *, graph: bool, head: dict) -
     if line.drafter in ("draft_model", "async_draft"):
         opts.update(temperature=T, sample_seed=seed + 1)
     if line.drafter == "async_draft":
-        opts.update(fanout=list(p.fanout), backup=line.backup)
+        opts.update(fanout=list(p.fanout), backup=line.backup, draft_device=line.draft_device)
+        row_head.update(draft_device=line.draft_device or "same")
     if line.drafter == "png":
         opts.update(ngram=NGRAM)
     eng = None
     try:
-        drafter = measured_drafter(line.drafter, target=p.target, draft=p.draft, **opts) if spec_line else None
+        draft = p.drafts_on[line.draft_device] if line.draft_device else p.draft
+        drafter = measured_drafter(line.drafter, target=p.target, draft=draft, **opts) if spec_line else None
         eng = Engine(p.target, batch=bsz, prefill_len=int(b.prompt_len), max_new_tokens=horizon(b),
                      strategy=str(b.strategy) if spec_line else "autoregressive", drafter=drafter,
                      spec=SpecConfig(draft_len=S, buffer_size=int(b.R)) if spec_line else None,
@@ -253,6 +278,8 @@ def time_line(p: Point, line: Line, b: DictConfig, *, graph: bool, head: dict) -
         row = {**row_head, "status": "oom", "reason": str(e).splitlines()[0]}
     del eng
     release(str(p.target.device))
+    if line.draft_device:
+        release(line.draft_device)
     if row["status"] == "ok":
         row["exact"] = row["ref_match"] == 1.0 if p.reference is not None and spec_line else None
         if not spec_line:
@@ -322,10 +349,39 @@ def run_e2e(cfg: DictConfig) -> Iterator[dict]:
         if run is None:
             yield base
             continue
+        drafts_on, missing = remote_drafts(run, b, str(cfg.device))
         for T in [float(t) for t in b.temperature]:
             fan, fan_cols = fit_fanout(run.pair, run.fit, b, T)
             for bsz in track(sizes, desc=f"saguaro_e2e {base['set']} T={T:g}"):
                 p = make_point(run.target, run.draft, run.timed, bsz, b, temperature=T, fanout=fan, graph=run.graph)
+                p.drafts_on = drafts_on
                 rows = [time_line(p, line, b, graph=run.graph, head={**base, **fan_cols}) for line in E2E_LINES]
+                for dev in drafts_on:
+                    rows += [time_line(p, line.on(dev), b, graph=run.graph,
+                                       head={**base, **fan_cols, "overlap": f"speculate on {dev} (the draft's own "
+                                             f"GPU) while {cfg.device} verifies"}) for line in (ASYNC_DRAFT, ASYNC_NGRAM)]
                 add_speedups(rows)
                 yield from rows
+        yield from ({**base, "line": line.on(dev).label, "drafter": "async_draft", "backup": line.backup,
+                     "draft_device": dev, "status": "skipped", "reason": why}
+                    for dev, why in missing.items() for line in (ASYNC_DRAFT, ASYNC_NGRAM))
+
+
+def remote_drafts(run: "SetRun", b: DictConfig, device: str) -> tuple[dict, dict]:
+    """({draft device: the draft model loaded there}, {draft device: why its rows are skipped}) for the
+    devices of ``bench.draft_devices`` other than ``same``."""
+    from ssmspec.drafting.draft_device import resolve_draft_device
+    from ssmspec.models.loading import load_model
+
+    have, missing = {}, {}
+    for dev in draft_devices(b):
+        if dev == "same":
+            continue
+        try:
+            resolve_draft_device(dev, torch.device(device))
+        except ValueError as e:
+            missing[dev] = str(e)
+            continue
+        entry = run.pair.manifest["models"][run.pair.names[1]]
+        have[dev] = load_model(run.pair.entry / entry["path"], device=dev, dtype=run.draft.dtype)
+    return have, missing

@@ -41,6 +41,14 @@ acceptance instead, and at large batches some row misses almost every round. Cou
 ``rounds`` (rounds with a cache) and ``hits`` (B,).
 Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
 (B, N, S, V) fp32. Attention drafts are refused: their branches would need tree KV over the chain's keys.
+
+The draft on its own device (``draft_device``, e.g. ``cuda:1``; ``drafting/draft_device.py``): the draft model, its
+slots and the draft side of the round (``speculate``, the ``draft`` backup) live there, while the lookup, the round's
+drafts and a copy of the cache stay on the target's device. Three transfers a round, all small and in stream order
+(``engine/speculate.py`` places them): ``send`` (target -> draft: the bonus, the start slot and the drafts, packed
+into one (B, 2 + S) tensor), ``fetch_cache`` (draft -> target: keys and branch tokens as one (B, N, 1 + S) tensor,
+and q when sampling) and, in a round where a row missed and the backup is ``draft``, ``fetch_backup``. Without a
+draft device the same tensors are shared and nothing is copied.
 """
 from __future__ import annotations
 
@@ -48,6 +56,7 @@ import torch
 from torch import Tensor
 
 from ssmspec.drafting.base import DraftTree, TokenBuffer
+from ssmspec.drafting.draft_device import parse_draft_device, resolve_draft_device
 from ssmspec.drafting.draft_model import draw
 from ssmspec.drafting.model_drafter import ModelDrafterBase
 from ssmspec.drafting.png import ngram_drafts_device
@@ -69,7 +78,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
     def __init__(self, *, draft="mamba2-130m", draft_len: int = 4, fanout: list[int] | None = None,
                  backup: str = "draft", residual_scale: float = 1.0, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, sample_seed: int = 0, seed: int = 0, dtype: str | None = None,
-                 draft_strategy: str = "snapshot") -> None:
+                 draft_strategy: str = "snapshot", draft_device: str | None = None) -> None:
         super().__init__()
         if draft_len < 1:
             raise ValueError(f"async_draft needs draft_len >= 1, got {draft_len} (no speculation: use drafter=none)")
@@ -84,6 +93,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             raise ValueError(f"residual_scale={residual_scale} changes only sampled drafts; set temperature > 0 or "
                              f"residual_scale=1")
         opts = self._init_draft(draft, seed=seed, dtype=dtype, draft_strategy=draft_strategy)
+        self._draft_device = draft_device
+        dev_d = parse_draft_device(draft_device)  # a GPU this machine lacks fails here, before anything loads
         cfg = self._draft_cfg
         if cfg.attention_layers:
             raise ValueError(f"async_draft forks the draft's SSM / GDN states per cache branch; draft model {cfg.name} "
@@ -97,7 +108,9 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.spec = SpecConfig(draft_len=draft_len, num_drafts=1)
         self._record(**opts, draft_len=draft_len, fanout=list(self.fanout), backup=backup,
                      residual_scale=residual_scale, temperature=temperature, top_p=top_p, top_k=top_k,
-                     sample_seed=sample_seed)
+                     sample_seed=sample_seed, draft_device=None if dev_d is None else str(dev_d))
+        self.draft_device = dev_d  # None: the target's device
+        self.remote = dev_d is not None  # the draft on its own device: transfers each round (module doc)
 
     def _shape(self):
         """The draft engine's W "drafting slots" per sequence are this drafter's slot regions (module doc): the
@@ -106,35 +119,58 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
 
     # reset ------------------------------------------------------------------------------------------
     def reset(self, prompts, *, batch: int, device, max_new_tokens: int | None = None) -> None:
-        """Prefill the draft on ``prompts``; allocate the cache and the counters (fixed shapes)."""
-        eng = self._reset_engine(prompts, device, max_new_tokens=max_new_tokens)
-        dev, B, S, N, V = eng.model.device, eng.batch, self.S, self.N, eng.model.cfg.vocab_size
-        self.gen = torch.Generator(device=dev).manual_seed(self.sampling.seed)  # backup draws (main stream)
-        self.spec_gen = torch.Generator(device=dev).manual_seed(self.sampling.seed + 1)  # branch draws (side)
-        base = B + torch.arange(B, device=dev) * eng.W  # (B,) first slot of each sequence's regions
-        self.chain = base[:, None] + torch.arange(S + 1, device=dev)[None]  # (B, S+1) state after depth j
-        self.scratch = base + S + 1  # (B,)
-        self.work = (base[:, None] + S + 2 + torch.arange(N, device=dev)[None]).reshape(B * N)  # (B*N,)
-        self.depths = branch_depths(self.fanout, device=dev)  # (N,) accepted length of each branch
-        self.branch_src = self.chain[:, self.depths].reshape(B * N)  # (B*N,) chain slot each branch starts from
+        """Prefill the draft on ``prompts`` (on its own device when ``draft_device`` names one); allocate the
+        cache and the counters (fixed shapes)."""
+        dev = torch.device(device)  # the target's device: the lookup and everything the engine reads
+        dev_d = resolve_draft_device(self._draft_device, dev)
+        if dev_d is not None and self._draft_model is not None and self._draft_model.device != dev_d:
+            raise ValueError(f"draft model {self._draft_cfg.name} lives on {self._draft_model.device} but "
+                             f"draft_device is {dev_d}; load it there (models.loading.load_model(..., device="
+                             f"'{dev_d}')) or pass the preset's name")
+        eng = self._reset_engine(prompts, dev_d or dev, max_new_tokens=max_new_tokens)
+        dd, B, S, N, V = eng.model.device, eng.batch, self.S, self.N, eng.model.cfg.vocab_size
+        self.backup_remote = self.remote and self.backup == "draft"  # the draft backup runs on the draft device
+        self.gen = torch.Generator(device=dd if self.backup == "draft" else dev).manual_seed(self.sampling.seed)
+        self.spec_gen = torch.Generator(device=dd).manual_seed(self.sampling.seed + 1)  # branch draws
         long = dict(dtype=torch.long, device=dev)
-        self.src = eng.home.clone()  # (B,) draft state after d_k of the last chain (first round: the prompt's)
+        # target side: the verdict, the round's drafts (and q), the cache as the lookup reads it, counters
+        self.src = eng.home.to(dev, copy=True)  # (B,) draft slot after d_k of the last chain (first round: the prompt's)
         self.bonus = torch.zeros(B, **long)  # (B,) the last verdict's bonus (the pending token)
         self.v_acc, self.v_bonus = torch.zeros(B, **long), torch.zeros(B, **long)  # written by observe()
         self.drafts = torch.zeros(B, S, **long)  # this round's drafts
-        self.keys = torch.zeros(B, N, **long)  # cache keys: bonus candidates, branch order of ``depths``
-        self.branch_tokens = torch.zeros(B, N, S, **long)
+        self.cache = torch.zeros(B, N, 1 + S, **long)  # per branch: its key (bonus candidate), then its S drafts
         greedy = self.sampling.greedy
         self.q = None if greedy else torch.zeros(B, S, V, device=dev)
         self.branch_q = None if greedy else torch.zeros(B, N, S, V, device=dev)
+        self.depths = branch_depths(self.fanout, device=dev)  # (N,) accepted length of each branch
         self.have_cache = torch.zeros(1, dtype=torch.bool, device=dev)  # False until the first speculate
         self.hit = torch.zeros(B, dtype=torch.bool, device=dev)  # this round's hits
         self.rounds = torch.zeros((), **long)  # rounds that found a cache (counters for benches)
         self.hits = torch.zeros(B, **long)  # hits per sequence over those rounds
+        # draft side: slot regions, and what the draft calls read and write (aliases of the above on one device)
+        base = B + torch.arange(B, device=dd) * eng.W  # (B,) first slot of each sequence's regions
+        self.chain = base[:, None] + torch.arange(S + 1, device=dd)[None]  # (B, S+1) state after depth j
+        self.chain_t = self.chain.to(dev)  # the lookup's copy (slot numbers)
+        self.scratch = base + S + 1  # (B,)
+        self.work = (base[:, None] + S + 2 + torch.arange(N, device=dd)[None]).reshape(B * N)  # (B*N,)
+        self.branch_src = self.chain[:, branch_depths(self.fanout, device=dd)].reshape(B * N)  # chain slot per branch
+        if self.remote:
+            self.io = torch.zeros(B, 2 + S, **long)  # send(): bonus | src | drafts, packed
+            self.io_d = torch.zeros(B, 2 + S, dtype=torch.long, device=dd)
+            self.bonus_d, self.src_d, self.drafts_d = self.io_d[:, 0], self.io_d[:, 1], self.io_d[:, 2:]
+            self.cache_d = torch.zeros(B, N, 1 + S, dtype=torch.long, device=dd)
+            self.branch_q_d = None if greedy else torch.zeros(B, N, S, V, device=dd)
+            self.b_tokens = torch.zeros(B, S, **long)  # fetch_backup(): the draft backup's drafts (and q)
+            self.b_tokens_d = torch.zeros(B, S, dtype=torch.long, device=dd)
+            self.b_q = None if greedy else torch.zeros(B, S, V, device=dev)
+            self.b_q_d = None if greedy else torch.zeros(B, S, V, device=dd)
+        else:
+            self.bonus_d, self.src_d, self.drafts_d = self.bonus, self.src, self.drafts
+            self.cache_d, self.branch_q_d = self.cache, self.branch_q
         self._fresh = True  # host flag: the first round reads the pending token from the buffer
 
     def generators(self) -> list[torch.Generator]:
-        """Generators ``propose_device`` draws from (the backup's)."""
+        """Generators the backup draws from (on the draft device when ``backup_remote``)."""
         return [] if self.sampling.greedy else [self.gen]
 
     def speculate_generators(self) -> list[torch.Generator]:
@@ -169,13 +205,13 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             self._fresh = False
         else:
             self.bonus.copy_(self.v_bonus)
-            self.src.copy_(self.chain.gather(1, self.v_acc[:, None])[:, 0])
-        hit, branch = cache_lookup(self.keys, self.depths, self.v_acc, self.bonus)
+            self.src.copy_(self.chain_t.gather(1, self.v_acc[:, None])[:, 0])
+        hit, branch = cache_lookup(self.cache[:, :, 0], self.depths, self.v_acc, self.bonus)
         self.hit.copy_(hit & self.have_cache)
         self.rounds.add_(self.have_cache.long()[0])
         self.hits.add_(self.hit.long())
         rows = torch.arange(B, device=branch.device)
-        self.drafts.copy_(torch.where(self.hit[:, None], self.branch_tokens[rows, branch], self.drafts))
+        self.drafts.copy_(torch.where(self.hit[:, None], self.cache[rows, branch, 1:], self.drafts))
         if self.q is not None:
             self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, branch], self.q))
         return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
@@ -183,8 +219,11 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
     @torch.no_grad()
     def backup_drafts(self, buf: TokenBuffer) -> None:
         """The backup predictor's drafts into the miss rows of the round's drafts (fixed shapes: it runs for
-        every row; hit rows keep their branch)."""
-        tokens, q = self._backup(buf)
+        every row; hit rows keep their branch). With ``backup_remote`` the engine runs ``send``, ``backup_draft``
+        (draft device), ``fetch_backup`` and ``merge_backup`` instead."""
+        self._merge(*self._backup(buf))
+
+    def _merge(self, tokens: Tensor, q: Tensor | None) -> None:
         self.drafts.copy_(torch.where(self.hit[:, None], self.drafts, tokens))
         if self.q is not None:
             self.q.copy_(torch.where(self.hit[:, None, None], self.q, q))
@@ -196,6 +235,9 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
     @torch.no_grad()
     def propose_device(self, buf: TokenBuffer) -> DraftTree:
         """Lookup and backup in one fixed-shape call (the engine splits them: ``engine/speculate.py``)."""
+        if self.remote:
+            raise ValueError("async_draft with a draft_device runs through the engine only (engine/speculate.py "
+                             "places its transfers); use generate() / Engine")
         tree = self.lookup(buf)
         self.backup_drafts(buf)
         return tree
@@ -203,14 +245,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
     def _backup(self, buf: TokenBuffer) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, S) and their q (B, S, V) (None: greedy) for every row, as a miss would take them."""
         B, S, V = self.engine.batch, self.S, self.engine.model.cfg.vocab_size
-        if self.backup == "draft":  # the synchronous draft: feed b after d_k, then S - 1 drafts
-            toks, qs, tok, src = [], [], self.bonus, self.src
-            for _ in range(S):
-                tok, q = self._draw(self._call(tok[:, None], src, self.scratch[:, None])[:, -1], self.gen)
-                toks.append(tok)
-                qs.append(q)
-                src = self.scratch
-            return torch.stack(toks, 1), None if self.q is None else torch.stack(qs, 1)
+        if self.backup == "draft":
+            return self._draft_backup(self.bonus_d, self.src_d)
         if self.backup == "ngram":
             tokens = ngram_drafts_device(buf.tokens, buf.length, ngram=NGRAM, num_drafts=1, draft_len=S)[:, 0]
         else:
@@ -218,24 +254,68 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         one_hot = None if self.q is None else torch.nn.functional.one_hot(tokens, V).float()
         return tokens, one_hot
 
+    def _draft_backup(self, tok: Tensor, src: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The synchronous draft from the state after d_k: feed b, then S - 1 drafts (draft device)."""
+        toks, qs = [], []
+        for _ in range(self.S):
+            tok, q = self._draw(self._call(tok[:, None], src, self.scratch[:, None])[:, -1], self.gen)
+            toks.append(tok)
+            qs.append(q)
+            src = self.scratch
+        return torch.stack(toks, 1), None if self.q is None else torch.stack(qs, 1)
+
+    # the draft on its own device: transfers and the draft-side half of the backup -----------------------
+    def send(self) -> None:
+        """Target -> draft device: this round's bonus, start slot and drafts, packed (one copy)."""
+        torch.cat([self.bonus[:, None], self.src[:, None], self.drafts], 1, out=self.io)
+        self.io_d.copy_(self.io, non_blocking=True)
+
+    @torch.no_grad()
+    def backup_draft(self) -> None:
+        """The ``draft`` backup on the draft device (after ``send``): its drafts into ``b_tokens_d`` (and q)."""
+        tokens, q = self._draft_backup(self.bonus_d, self.src_d)
+        self.b_tokens_d.copy_(tokens)
+        if q is not None:
+            self.b_q_d.copy_(q)
+
+    def fetch_backup(self) -> None:
+        """Draft -> target device: the draft backup's drafts (and q)."""
+        self.b_tokens.copy_(self.b_tokens_d, non_blocking=True)
+        if self.b_q is not None:
+            self.b_q.copy_(self.b_q_d, non_blocking=True)
+
+    @torch.no_grad()
+    def merge_backup(self) -> None:
+        """Target device: the fetched backup drafts into the miss rows."""
+        self._merge(self.b_tokens, self.b_q)
+
+    def fetch_cache(self) -> None:
+        """Draft -> target device: the cache ``speculate`` filled (keys and branch drafts; q when sampling)."""
+        self.cache.copy_(self.cache_d, non_blocking=True)
+        if self.branch_q is not None:
+            self.branch_q.copy_(self.branch_q_d, non_blocking=True)
+        self.have_cache.fill_(True)
+
     # speculate (off the critical path) --------------------------------------------------------------
     @torch.no_grad()
     def speculate(self) -> None:
-        """Fill the cache for the verdicts of the round being verified (module doc). Reads this round's
-        drafts, bonus and start slots; writes the chain and branch slots, keys, branch tokens and q."""
+        """Fill the cache for the verdicts of the round being verified (module doc; on the draft device, after
+        ``send`` when it is a device of its own). Reads this round's drafts, bonus and start slots; writes the
+        chain and branch slots, keys, branch tokens and q."""
         B, S, N = self.engine.batch, self.S, self.N
-        ids = torch.cat([self.bonus[:, None], self.drafts], 1)  # (B, 1+S): b, d_1 .. d_S
-        logits = self._call(ids, self.src, self.chain)  # (B, 1+S, V) at depths 0 .. S
-        keys = bonus_candidates(logits, self.drafts, self.fanout)  # (B, N)
+        ids = torch.cat([self.bonus_d[:, None], self.drafts_d], 1)  # (B, 1+S): b, d_1 .. d_S
+        logits = self._call(ids, self.src_d, self.chain)  # (B, 1+S, V) at depths 0 .. S
+        keys = bonus_candidates(logits, self.drafts_d, self.fanout)  # (B, N)
         tok, src = keys.reshape(B * N), self.branch_src
         for c in range(S):  # call c + 1: every branch one token deeper
             tok, q = self._draw(self._call(tok[:, None], src, self.work[:, None])[:, -1], self.spec_gen)
-            self.branch_tokens[:, :, c] = tok.reshape(B, N)
+            self.cache_d[:, :, 1 + c] = tok.reshape(B, N)
             if q is not None:
-                self.branch_q[:, :, c] = q.reshape(B, N, -1)
+                self.branch_q_d[:, :, c] = q.reshape(B, N, -1)
             src = self.work
-        self.keys.copy_(keys)
-        self.have_cache.fill_(True)
+        self.cache_d[:, :, 0] = keys
+        if not self.remote:
+            self.have_cache.fill_(True)
 
     def observe(self, verdict) -> None:
         """Keep the verdict (k, b) on the device for the next lookup (never read by a running speculate)."""

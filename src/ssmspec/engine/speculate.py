@@ -13,6 +13,23 @@ One launch, in order:
     speculate || target    the speculate graph on a side stream, concurrently with the target's graph on the main
                            stream; the main stream then waits for the side stream (the next lookup reads the cache)
 
+The draft on its own device (the drafter's ``remote``: ``draft_device``, e.g. a second GPU). The side stream lives
+on the draft's device and the drafter's transfers (``send``, ``fetch_cache``, ``fetch_backup``) are placed so that
+no stream waits for more than it reads:
+
+    lookup                                   main (target GPU)
+    missed()? -> send, backup_draft,         draft GPU's side stream; the fetch makes main wait for the backup's
+                 fetch_backup, merge_backup  drafts, then merges them on main (a ``draft`` backup; ``ngram`` and
+                                             ``random`` backups run on main as above)
+    send, speculate, fetch_cache            side stream (send: main's copy, which the side stream waits for);
+      || target                              fetch_cache runs on the side stream into a receive stream of the target
+                                             GPU, so main never waits for the speculation before the target's graph;
+                                             main waits for the receive stream only after it (the next lookup)
+
+A cross-device copy (torch's ``copy_``) fences the current streams of both devices: the context managers here make
+those the side stream and, for the cache, the receive stream, never main while the target's graph is queued. The
+copies run eagerly between graphs (a graph is captured on one device); three small ones a round.
+
 The host check costs one synchronisation per step: the host can no longer queue the next step while the device
 runs this one, so every step pays its graph launches (a few microseconds each) on the critical path. Seed 002's
 engine decides the same way (its cache hits are read on the host). Eagerly (CPU, or ``cuda_graph=False``) the same
@@ -20,62 +37,112 @@ calls run in the same order, so a captured run equals an eager one.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 
 
 class Speculation:
-    """Graphs and stream of a speculating drafter inside one ``Engine`` (module doc)."""
+    """Graphs and streams of a speculating drafter inside one ``Engine`` (module doc)."""
 
     def __init__(self, drafter, device: torch.device, *, cuda: bool) -> None:
-        self.drafter = drafter
-        self.side = torch.cuda.Stream(device) if cuda else None  # the speculate graph's stream
+        self.drafter, self.device = drafter, torch.device(device)
+        self.remote = bool(getattr(drafter, "remote", False))  # the draft on a device of its own
+        draft_dev = getattr(drafter, "draft_device", None) or self.device
+        # the speculate graph's stream (on the draft's device), and the target GPU's stream receiving the cache
+        self.side = torch.cuda.Stream(draft_dev) if cuda else None
+        self.recv = torch.cuda.Stream(self.device) if cuda and self.remote else None
+        self.draft_dev = torch.device(draft_dev)
         self.backup_graph: torch.cuda.CUDAGraph | None = None
+        self.merge_graph: torch.cuda.CUDAGraph | None = None  # remote draft backup: the merge on the target GPU
         self.spec_graph: torch.cuda.CUDAGraph | None = None
         self.backups = 0  # rounds whose backup ran (host count: a row missed)
 
+    def _on(self, stream):
+        return torch.cuda.stream(stream) if stream is not None else nullcontext()
+
+    def _remote_backup(self) -> bool:
+        return bool(getattr(self.drafter, "backup_remote", False))
+
+    # drafting (critical path) -----------------------------------------------------------------------------
     def draft(self, step) -> None:
         """Eager drafting: lookup, then the backup when a row missed (module doc)."""
         step.set_drafts(self.drafter.lookup(step.buf))
-        self._backup_eager(step)
-
-    def _backup_eager(self, step) -> None:
-        if self.drafter.missed():
-            self.backups += 1
-            self.drafter.backup_drafts(step.buf)
-
-    def capture(self, step, register) -> torch.cuda.CUDAGraph:
-        """Capture the lookup (returned: the engine's draft graph), the backup and speculate graphs."""
-        d = self.drafter
-        draft_graph = torch.cuda.CUDAGraph()
-        register(draft_graph, d.generators())
-        with torch.cuda.graph(draft_graph):
-            step.set_drafts(d.lookup(step.buf))
-        self.backup_graph = torch.cuda.CUDAGraph()
-        register(self.backup_graph, d.generators())
-        with torch.cuda.graph(self.backup_graph):
-            d.backup_drafts(step.buf)
-        self.spec_graph = torch.cuda.CUDAGraph()
-        register(self.spec_graph, d.speculate_generators())
-        with torch.cuda.graph(self.spec_graph):
-            d.speculate()
-        return draft_graph
+        self._backup(step)
 
     def replay_draft(self, draft_graph: torch.cuda.CUDAGraph) -> None:
         draft_graph.replay()
-        if self.drafter.missed():  # waits for the lookup: the host decides whether the backup runs
-            self.backups += 1
-            self.backup_graph.replay()
+        self._backup(None)
+
+    def _backup(self, step) -> None:
+        """The backup when some row missed (the host reads the flag: a sync); graphs once captured."""
+        d = self.drafter
+        if not d.missed():
+            return
+        self.backups += 1
+        if not self._remote_backup():
+            self.backup_graph.replay() if self.backup_graph is not None else d.backup_drafts(step.buf)
+            return
+        with self._on(self.side):  # main's current stream waits for fetch_backup (module doc)
+            d.send()
+            self.backup_graph.replay() if self.backup_graph is not None else d.backup_draft()
+            d.fetch_backup()
+        self.merge_graph.replay() if self.merge_graph is not None else d.merge_backup()
+
+    # capture ----------------------------------------------------------------------------------------------
+    def capture(self, step, register) -> torch.cuda.CUDAGraph:
+        """Capture the lookup (returned: the engine's draft graph; it draws nothing), the backup and speculate
+        graphs, each on the device whose tensors it touches."""
+        d = self.drafter
+        if self.remote:
+            torch.cuda.synchronize(self.draft_dev)  # the eager first step's draft-side work is done
+        draft_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(draft_graph):
+            step.set_drafts(d.lookup(step.buf))
+        with torch.cuda.device(self.draft_dev if self._remote_backup() else self.device):
+            self.backup_graph = torch.cuda.CUDAGraph()
+            register(self.backup_graph, d.generators())
+            with torch.cuda.graph(self.backup_graph):
+                d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
+        if self._remote_backup():
+            self.merge_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.merge_graph):
+                d.merge_backup()
+        with torch.cuda.device(self.draft_dev):
+            self.spec_graph = torch.cuda.CUDAGraph()
+            register(self.spec_graph, d.speculate_generators())
+            with torch.cuda.graph(self.spec_graph):
+                d.speculate()
+        return draft_graph
+
+    # speculation || target ---------------------------------------------------------------------------------
+    def _speculate(self) -> None:
+        self.spec_graph.replay() if self.spec_graph is not None else self.drafter.speculate()
 
     def overlap(self, target) -> None:
-        """Run ``target()`` (the target's step) while the drafter speculates: side stream under graphs, else
-        speculate first (the same results)."""
-        if self.spec_graph is None:
-            self.drafter.speculate()
+        """Run ``target()`` (the target's step) while the drafter speculates: on a side stream (of the draft's
+        device when remote) under CUDA graphs; eagerly on one device speculate first (the same results)."""
+        d = self.drafter
+        if self.side is None or (self.spec_graph is None and not self.remote):  # CPU, or eager: in order
+            if self.remote:
+                d.send()
+            d.speculate()
+            if self.remote:
+                d.fetch_cache()
             target()
             return
-        main = torch.cuda.current_stream()
+        main = torch.cuda.current_stream(self.device)
+        if self.remote:
+            with self._on(self.side):
+                d.send()
+                self._speculate()
+                with self._on(self.recv):
+                    d.fetch_cache()
+            target()
+            main.wait_stream(self.recv)
+            return
         self.side.wait_stream(main)
-        with torch.cuda.stream(self.side):
-            self.spec_graph.replay()
+        with self._on(self.side):
+            self._speculate()
         target()
         main.wait_stream(self.side)

@@ -2,7 +2,7 @@
 results only.
 
 ``saguaro_e2e``: per prompt set and temperature, emitted tokens/s vs batch of autoregressive, synchronous and
-asynchronous speculation (backup draft, backup ngram), and below it the async lines' speedup over synchronous
+asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and below it the async lines' speedup over synchronous
 speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
 backup ngram, and the backoff line (the line ``backoff_choice`` picked at each batch from that batch's
 measurements), a vertical mark where the choice flips and a mark at the measured crossing of the two lines, the
@@ -22,7 +22,9 @@ from ssmspec.plots.style import ok_rows, provenance
 
 _STYLE = {"autoregressive": ("#555555", "o", "-"), "sync draft_model": ("#4c72b0", "s", "-"),
           "async backup=draft": ("#dd8452", "^", "-"), "async backup=ngram": ("#55a868", "v", "-"),
-          "sync png": ("#8172b3", "x", ":"), "backoff": ("#c44e52", "D", "--")}
+          "sync png": ("#8172b3", "x", ":"), "backoff": ("#c44e52", "D", "--"),
+          "async backup=draft, draft on cuda:1": ("#dd8452", "^", "--"),
+          "async backup=ngram, draft on cuda:1": ("#55a868", "v", "--")}
 
 
 def _pair_line(d: pd.DataFrame) -> str:
