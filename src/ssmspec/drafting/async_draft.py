@@ -52,6 +52,8 @@ draft device the same tensors are shared and nothing is copied.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import Tensor
 
@@ -127,7 +129,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             raise ValueError(f"draft model {self._draft_cfg.name} lives on {self._draft_model.device} but "
                              f"draft_device is {dev_d}; load it there (models.loading.load_model(..., device="
                              f"'{dev_d}')) or pass the preset's name")
-        eng = self._reset_engine(prompts, dev_d or dev, max_new_tokens=max_new_tokens)
+        with self._draft_side():  # Triton launches on the current device: the draft's for its prefill
+            eng = self._reset_engine(prompts, dev_d or dev, max_new_tokens=max_new_tokens)
         dd, B, S, N, V = eng.model.device, eng.batch, self.S, self.N, eng.model.cfg.vocab_size
         self.backup_remote = self.remote and self.backup == "draft"  # the draft backup runs on the draft device
         self.gen = torch.Generator(device=dd if self.backup == "draft" else dev).manual_seed(self.sampling.seed)
@@ -168,6 +171,11 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             self.bonus_d, self.src_d, self.drafts_d = self.bonus, self.src, self.drafts
             self.cache_d, self.branch_q_d = self.cache, self.branch_q
         self._fresh = True  # host flag: the first round reads the pending token from the buffer
+
+    def _draft_side(self):
+        """The draft's GPU as the current device (its kernels launch there); nothing to switch on one device."""
+        dev = self.draft_device
+        return torch.cuda.device(dev) if self.remote and dev.type == "cuda" else nullcontext()
 
     def generators(self) -> list[torch.Generator]:
         """Generators the backup draws from (on the draft device when ``backup_remote``)."""
@@ -273,10 +281,11 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
     @torch.no_grad()
     def backup_draft(self) -> None:
         """The ``draft`` backup on the draft device (after ``send``): its drafts into ``b_tokens_d`` (and q)."""
-        tokens, q = self._draft_backup(self.bonus_d, self.src_d)
-        self.b_tokens_d.copy_(tokens)
-        if q is not None:
-            self.b_q_d.copy_(q)
+        with self._draft_side():
+            tokens, q = self._draft_backup(self.bonus_d, self.src_d)
+            self.b_tokens_d.copy_(tokens)
+            if q is not None:
+                self.b_q_d.copy_(q)
 
     def fetch_backup(self) -> None:
         """Draft -> target device: the draft backup's drafts (and q)."""
@@ -302,18 +311,19 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         """Fill the cache for the verdicts of the round being verified (module doc; on the draft device, after
         ``send`` when it is a device of its own). Reads this round's drafts, bonus and start slots; writes the
         chain and branch slots, keys, branch tokens and q."""
-        B, S, N = self.engine.batch, self.S, self.N
-        ids = torch.cat([self.bonus_d[:, None], self.drafts_d], 1)  # (B, 1+S): b, d_1 .. d_S
-        logits = self._call(ids, self.src_d, self.chain)  # (B, 1+S, V) at depths 0 .. S
-        keys = bonus_candidates(logits, self.drafts_d, self.fanout)  # (B, N)
-        tok, src = keys.reshape(B * N), self.branch_src
-        for c in range(S):  # call c + 1: every branch one token deeper
-            tok, q = self._draw(self._call(tok[:, None], src, self.work[:, None])[:, -1], self.spec_gen)
-            self.cache_d[:, :, 1 + c] = tok.reshape(B, N)
-            if q is not None:
-                self.branch_q_d[:, :, c] = q.reshape(B, N, -1)
-            src = self.work
-        self.cache_d[:, :, 0] = keys
+        with self._draft_side():
+            B, S, N = self.engine.batch, self.S, self.N
+            ids = torch.cat([self.bonus_d[:, None], self.drafts_d], 1)  # (B, 1+S): b, d_1 .. d_S
+            logits = self._call(ids, self.src_d, self.chain)  # (B, 1+S, V) at depths 0 .. S
+            keys = bonus_candidates(logits, self.drafts_d, self.fanout)  # (B, N)
+            tok, src = keys.reshape(B * N), self.branch_src
+            for c in range(S):  # call c + 1: every branch one token deeper
+                tok, q = self._draw(self._call(tok[:, None], src, self.work[:, None])[:, -1], self.spec_gen)
+                self.cache_d[:, :, 1 + c] = tok.reshape(B, N)
+                if q is not None:
+                    self.branch_q_d[:, :, c] = q.reshape(B, N, -1)
+                src = self.work
+            self.cache_d[:, :, 0] = keys
         if not self.remote:
             self.have_cache.fill_(True)
 

@@ -99,21 +99,26 @@ class Speculation:
         draft_graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(draft_graph):
             step.set_drafts(d.lookup(step.buf))
-        with torch.cuda.device(self.draft_dev if self._remote_backup() else self.device):
-            self.backup_graph = torch.cuda.CUDAGraph()
-            register(self.backup_graph, d.generators())
-            with torch.cuda.graph(self.backup_graph):
-                d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
+        self.backup_graph = torch.cuda.CUDAGraph()
+        register(self.backup_graph, d.generators())
+        with self._capturing(self.backup_graph, self.draft_dev if self._remote_backup() else self.device):
+            d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
         if self._remote_backup():
             self.merge_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.merge_graph):
                 d.merge_backup()
-        with torch.cuda.device(self.draft_dev):
-            self.spec_graph = torch.cuda.CUDAGraph()
-            register(self.spec_graph, d.speculate_generators())
-            with torch.cuda.graph(self.spec_graph):
-                d.speculate()
+        self.spec_graph = torch.cuda.CUDAGraph()
+        register(self.spec_graph, d.speculate_generators())
+        with self._capturing(self.spec_graph, self.draft_dev):
+            d.speculate()
         return draft_graph
+
+    def _capturing(self, graph: torch.cuda.CUDAGraph, device: torch.device):
+        """Capture on ``device``: torch.cuda.graph's default capture stream lives on the first device that used
+        it, so a graph of the draft's GPU gets a capture stream there."""
+        if device == self.device:
+            return torch.cuda.graph(graph)
+        return torch.cuda.graph(graph, stream=torch.cuda.Stream(device))
 
     # speculation || target ---------------------------------------------------------------------------------
     def _speculate(self) -> None:
