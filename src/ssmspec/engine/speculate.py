@@ -10,8 +10,10 @@ One launch, in order:
     lookup                 main stream (the draft graph)
     missed()? -> backup    the host reads one flag after the lookup; the backup graph runs only when a row missed,
                            so a round where every row hit has no drafting on the critical path but the lookup
-    speculate || target    the speculate graph on a side stream, concurrently with the target's graph on the main
-                           stream; the main stream then waits for the side stream (the next lookup reads the cache)
+    target || speculate    the target's graph on the main stream, queued first (the device starts verifying while the
+                           host queues the rest), and the speculate graph on a side stream that waits for this
+                           round's drafts only; the main stream then waits for the side stream (the next lookup
+                           reads the cache)
 
 The draft on its own device (the drafter's ``remote``: ``draft_device``, e.g. a second GPU). The side stream lives
 on the draft's device and the drafter's transfers (``send``, ``fetch_cache``, ``fetch_backup``) are placed so that
@@ -21,13 +23,15 @@ no stream waits for more than it reads:
     missed()? -> send, backup_draft,         draft GPU's side stream; the fetch makes main wait for the backup's
                  fetch_backup, merge_backup  drafts, then merges them on main (a ``draft`` backup; ``ngram`` and
                                              ``random`` backups run on main as above)
-    send, speculate, fetch_cache            side stream (send: main's copy, which the side stream waits for);
-      || target                              fetch_cache runs on the side stream into a receive stream of the target
-                                             GPU, so main never waits for the speculation before the target's graph;
-                                             main waits for the receive stream only after it (the next lookup)
+    target || send, speculate, fetch_cache  the target's graph on main first; send on a send stream of the target
+                                             GPU that waits for this round's drafts (the side stream waits for the
+                                             copy), speculate on the side stream, fetch_cache on the side stream into
+                                             a receive stream of the target GPU, so main never waits for the
+                                             speculation before its graph; main waits for the receive stream after
+                                             it (the next lookup)
 
 A cross-device copy (torch's ``copy_``) fences the current streams of both devices: the context managers here make
-those the side stream and, for the cache, the receive stream, never main while the target's graph is queued. The
+those the side stream and the send or receive stream, never main, whose target graph is already queued. The
 copies run eagerly between graphs (a graph is captured on one device); three small ones a round.
 
 The host check costs one synchronisation per step: the host can no longer queue the next step while the device
@@ -52,6 +56,7 @@ class Speculation:
         # the speculate graph's stream (on the draft's device), and the target GPU's stream receiving the cache
         self.side = torch.cuda.Stream(draft_dev) if cuda else None
         self.recv = torch.cuda.Stream(self.device) if cuda and self.remote else None
+        self.send_s = torch.cuda.Stream(self.device) if cuda and self.remote else None  # the target GPU's send copy
         self.draft_dev = torch.device(draft_dev)
         self.backup_graph: torch.cuda.CUDAGraph | None = None
         self.merge_graph: torch.cuda.CUDAGraph | None = None  # remote draft backup: the merge on the target GPU
@@ -137,17 +142,19 @@ class Speculation:
             target()
             return
         main = torch.cuda.current_stream(self.device)
+        ready = main.record_event()  # this round's drafts are written
+        target()  # queued first: the device starts verifying while the host queues the speculation
         if self.remote:
+            with self._on(self.side), self._on(self.send_s):
+                self.send_s.wait_event(ready)
+                d.send()  # on send_s (the target GPU's current stream here), never behind the target's graph
             with self._on(self.side):
-                d.send()
                 self._speculate()
                 with self._on(self.recv):
                     d.fetch_cache()
-            target()
             main.wait_stream(self.recv)
             return
-        self.side.wait_stream(main)
+        self.side.wait_event(ready)
         with self._on(self.side):
             self._speculate()
-        target()
         main.wait_stream(self.side)
