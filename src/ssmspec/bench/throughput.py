@@ -20,6 +20,9 @@ Rows: model, params, strategy, phase, batch, context, tokens (per timed call), d
 (ok | oom | skipped), impl (ssmspec | transformers); decode rows on CUDA add bytes_min (weights + SSM/conv
 state read and written + the KV cache read once), hbm_fraction = bytes_min / time / measured copy
 bandwidth, and x_weight_floor = time / the time it takes to read the weights once (weight_floor_ms).
+CUDA decode rows at the grid's smallest context also carry ``kernels_per_step`` (GPU kernels one step launches,
+the same at every context, from 3 profiled steps after the timed ones: ``bench/kernel_profile.py``) and, at the batches of ``bench.profile_batches``, ``kernel_table``: per
+kernel its launches, device microseconds and share of one step (where the step's time goes).
 ``bench.transformers_batch`` adds decode rows of transformers' generate() on the same architecture and
 random weights (``bench/hf_baseline.py``), the user's alternative.
 """
@@ -33,6 +36,7 @@ from omegaconf import DictConfig
 
 from ssmspec import config as C
 from ssmspec.bench.inputs import synthetic_prompts, track
+from ssmspec.bench.kernel_profile import profile_steps
 from ssmspec.bench.timing import hbm_fraction, measure_hbm_bandwidth, summarize, time_eager, wall_check
 from ssmspec.engine import Engine
 from ssmspec.engine.memory import check_fits, plan_bytes
@@ -149,6 +153,11 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
                 samples = eng.time_steps(warmup=warmup, iters=iters)
                 timing = "cuda_graph" if eng.graphed else "eager"
                 extra = {"cache_fill": "random", "bytes_min": bytes_min, **wall_check(samples, eng.loop_wall_ms)}
+                if device.startswith("cuda") and T == min(g[2] for g in grid):  # what one step launches (the
+                    # same at every context: profiled at the smallest) and, at bench.profile_batches, a table
+                    extra["kernels_per_step"], table = profile_steps(eng, steps=3)
+                    if bsz in [int(x) for x in b.get("profile_batches") or []]:
+                        extra["kernel_table"] = table
                 del eng  # the step's caches and graphs
         except torch.OutOfMemoryError as e:
             log.warning("out of memory: %s %s B=%d T=%d (%s)", mcfg.name, phase, bsz, T, str(e)[:400])
