@@ -139,7 +139,7 @@ def _launch(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, be
         state, q, k, v, gate, beta, yt,
         rows if rows is not None else dummy(v, torch.int64), count if count is not None else dummy(v, torch.int64),
         dst if dst is not None else dummy(v, torch.int64),
-        A_log.contiguous() if raw else dummy(v, torch.float32), dt_bias.contiguous() if raw else dummy(v, torch.float32),
+        A_log.contiguous() if raw else state, dt_bias.contiguous() if raw else state,  # unread without RAW_GATE
         default_scale(scale, N), L, N, P, H // G,
         *state.stride(), *q.stride(), *k.stride(), *v.stride(), *gate.stride(), *beta.stride(), *yt.stride(),
         *(dst.stride() if dst is not None else (0, 0)),
