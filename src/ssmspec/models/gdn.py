@@ -40,6 +40,7 @@ class GDNParams:
     k_dim: int  # N
     v_dim: int  # P
     chunk_size: int = 64
+    A_log: Tensor | None = None  # (H,) the raw parameter, for the ops' raw gate form (``ops/gdn/forms.py``)
     conv_bias = None
     activation = "silu"
     kind = "gdn"
@@ -48,13 +49,16 @@ class GDNParams:
     def conv_dim(self) -> int:
         return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
 
-    def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Post-conv (B, L, conv_dim) -> q, k (B, L, G, N) l2-normalised, v (B, L, H, P)."""
+    def split(self, qkv: Tensor, normed: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """Post-conv (B, L, conv_dim) -> q, k (B, L, G, N) l2-normalised (raw with ``normed=False``, for an op
+        called with ``use_qk_l2norm``), v (B, L, H, P)."""
         b, L, _ = qkv.shape
         kd = self.k_heads * self.k_dim
         q, k, v = qkv.split([kd, kd, self.v_heads * self.v_dim], dim=-1)
-        return (l2norm(q.reshape(b, L, self.k_heads, self.k_dim)), l2norm(k.reshape(b, L, self.k_heads, self.k_dim)),
-                v.reshape(b, L, self.v_heads, self.v_dim))
+        q, k = q.reshape(b, L, self.k_heads, self.k_dim), k.reshape(b, L, self.k_heads, self.k_dim)
+        if normed:
+            q, k = l2norm(q), l2norm(k)
+        return q, k, v.reshape(b, L, self.v_heads, self.v_dim)
 
     def gates(self, a: Tensor, b: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """g = -exp(A_log)·softplus(a + dt_bias) and beta = sigmoid(b), (B, L, H) in at least fp32; both 0 on
@@ -124,7 +128,7 @@ class GDNMixer(nn.Module):
                 A = -torch.exp(self.A_log.float())
             self._params = GDNParams(index=self.index, conv_weight=self.conv1d.weight[:, 0, :], dt_bias=self.dt_bias,
                                      A=A, k_heads=c.gdn_k_heads, v_heads=c.gdn_v_heads, k_dim=c.gdn_k_dim,
-                                     v_dim=c.gdn_v_dim, chunk_size=c.gdn_chunk_size)
+                                     v_dim=c.gdn_v_dim, chunk_size=c.gdn_chunk_size, A_log=self.A_log)
             self._key = key
         return self._params
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ssmspec.ops.gdn.forms import resolve_forms
 from ssmspec.ops.gdn.naive import _cd
 
 
@@ -67,11 +68,24 @@ def gdn_tree_scan(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, bet
     return y.to(v.dtype), new
 
 
-def gdn_chunk_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, chunk_size: int = 64,
-                   initial_state: Tensor | None = None, scale: float | None = None) -> tuple[Tensor, Tensor]:
+def gdn_chunk_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *, chunk_size: int = 64,
+                   initial_state: Tensor | None = None, scale: float | None = None, use_qk_l2norm: bool = False,
+                   a: Tensor | None = None, A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+                   beta_logits: bool = False, cu_seqlens: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Chunked gated delta rule over a whole sequence (the prefill): the WY form per chunk of ``chunk_size``
     tokens, the state carried between chunks. Shapes as ``gdn_tree_scan``; returns y (B, L, H, P) and the
-    final state (B, H, N, P) fp32."""
+    final state (B, H, N, P) fp32.
+
+    The forms of fla-core's ``chunk_gated_delta_rule`` (``ops/gdn/forms.py``): ``use_qk_l2norm`` (q, k raw),
+    g=None with a (B, L, H), A_log and dt_bias (H,) (g = −exp(A_log)·softplus(a + dt_bias)), ``beta_logits``
+    (beta = sigmoid(beta)); and ``cu_seqlens`` (S + 1,) int, 0 = cu[0] <= ... <= cu[S] = L: B == 1 packs S
+    sequences, sequence s owning tokens cu[s]:cu[s+1], each scanned from its own initial_state[s]
+    (initial_state (S, H, N, P) or None), the final state (S, H, N, P) one per sequence."""
+    q, k, g, beta = resolve_forms(q, k, g, beta, use_qk_l2norm=use_qk_l2norm, a=a, A_log=A_log, dt_bias=dt_bias,
+                                  beta_logits=beta_logits)
+    if cu_seqlens is not None:
+        return _varlen_scan(q, k, v, g, beta, cu_seqlens, chunk_size=chunk_size, initial_state=initial_state,
+                            scale=scale)
     bsz, L, H, P = v.shape
     N = q.shape[3]
     S = (torch.zeros(bsz, H, N, P, device=v.device, dtype=torch.float32) if initial_state is None
@@ -83,3 +97,43 @@ def gdn_chunk_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, 
         ys.append(y)
     y = torch.cat(ys, dim=1) if ys else v.new_zeros(bsz, 0, H, P)
     return y, S.float()
+
+
+def _varlen_scan(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, cu_seqlens: Tensor, *, chunk_size: int,
+                 initial_state: Tensor | None, scale: float | None) -> tuple[Tensor, Tensor]:
+    """Packed sequences as one padded batch: row s holds sequence s from its first token (so its chunks are
+    the ones a run of that sequence alone takes), right-padded with g = beta = 0 tokens, which the state
+    passes through unchanged (``gdn_tree_scan``); the pad outputs are dropped."""
+    bounds = _check_cu_seqlens(cu_seqlens, v, initial_state)
+    T = v.shape[1]
+    dev = v.device
+    starts = torch.tensor(bounds[:-1], device=dev)
+    lens = torch.tensor(bounds[1:], device=dev) - starts  # (S,)
+    Lmax = max(b - a for a, b in zip(bounds[:-1], bounds[1:]))
+    pos = torch.arange(Lmax, device=dev)
+    valid = pos[None] < lens[:, None]  # (S, Lmax)
+    idx = (starts[:, None] + pos[None]).clamp(max=max(T - 1, 0))  # (S, Lmax) packed token of each slot
+    gp = torch.where(valid[..., None], g[0, idx], 0.0)  # (S, Lmax, H): pads decay nothing ...
+    bp = torch.where(valid[..., None], beta[0, idx], 0.0)  # ... and write nothing
+    y, S = gdn_chunk_scan(q[0, idx], k[0, idx], v[0, idx], gp, bp, chunk_size=chunk_size,
+                          initial_state=initial_state, scale=scale)
+    return y[valid][None], S  # (1, T, H, P) in packed order, (S, H, N, P)
+
+
+def _check_cu_seqlens(cu_seqlens: Tensor, v: Tensor, initial_state: Tensor | None) -> list[int]:
+    """cu_seqlens as a host list (one sync, as fla-core's varlen prep takes), after checking it packs v's tokens."""
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point():
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor (S + 1,) of sequence offsets [0, ..., L], got "
+                         f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+    if v.shape[0] != 1:
+        raise ValueError(f"with cu_seqlens the sequences are packed along L: pass B == 1 (reshape (B, L, ...) to "
+                         f"(1, B*L, ...)), got B = {v.shape[0]}")
+    bounds = [int(x) for x in cu_seqlens.tolist()]
+    T = v.shape[1]
+    if bounds[0] != 0 or bounds[-1] != T or any(b < a for a, b in zip(bounds[:-1], bounds[1:])):
+        raise ValueError(f"cu_seqlens must start at 0, never decrease and end at the packed length L = {T}; got "
+                         f"{bounds[:4]}{'...' if len(bounds) > 4 else ''}{bounds[-1:] if len(bounds) > 4 else ''}")
+    if initial_state is not None and initial_state.shape[0] != len(bounds) - 1:
+        raise ValueError(f"with cu_seqlens initial_state holds one state per sequence: ({len(bounds) - 1}, H, N, P), "
+                         f"got {tuple(initial_state.shape)}")
+    return bounds

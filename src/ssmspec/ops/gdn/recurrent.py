@@ -16,17 +16,19 @@ import triton.language as tl
 from torch import Tensor
 
 from ssmspec.ops.gdn.naive import _check_state, check_gdn_shapes, default_scale
-from ssmspec.ops.triton_common import check_float, dummy
+from ssmspec.ops.gdn.forms import check_forms
+from ssmspec.ops.triton_common import check_float, dummy, softplus
 
 
 @triton.jit
 def _gdn_update_kernel(
-    state_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, y_ptr, row_ptr, count_ptr, dst_ptr, scale, L, N, P,
-    heads_per_group,
+    state_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, y_ptr, row_ptr, count_ptr, dst_ptr, alog_ptr, dtb_ptr,
+    scale, L, N, P, heads_per_group,
     s_row, s_h, s_n, s_p, q_b, q_l, q_g, q_n, k_b, k_l, k_g, k_n, v_b, v_l, v_h, v_p,
     g_b, g_l, g_h, be_b, be_l, be_h, y_b, y_l, y_h, y_p, dst_b, dst_l,
     HAS_ROW: tl.constexpr, HAS_COUNT: tl.constexpr, SNAPSHOT: tl.constexpr, STORE_FINAL: tl.constexpr,
-    OUTPUT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
+    OUTPUT: tl.constexpr, QK_L2NORM: tl.constexpr, RAW_GATE: tl.constexpr, BETA_LOGITS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
@@ -58,12 +60,21 @@ def _gdn_update_kernel(
     if HAS_COUNT:
         if not OUTPUT:
             steps = tl.minimum(cnt, L)  # replay form: only the kept tokens matter
+    if RAW_GATE:  # g_ptr holds the raw a: g = −exp(A_log)·softplus(a + dt_bias) (ops/gdn/forms.py)
+        neg_a = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+        dtb = tl.load(dtb_ptr + h).to(tl.float32)
     keep = S
     for t in range(0, steps):
         kt = tl.load(k_ptr + b * k_b + t * k_l + grp * k_g + offs_n * k_n, mask=mask_n, other=0.0).to(tl.float32)
         vt = tl.load(v_ptr + b * v_b + t * v_l + h * v_h + offs_p * v_p, mask=mask_p, other=0.0).to(tl.float32)
         gt = tl.load(g_ptr + b * g_b + t * g_l + h * g_h).to(tl.float32)
         bt = tl.load(beta_ptr + b * be_b + t * be_l + h * be_h).to(tl.float32)
+        if QK_L2NORM:  # fla's l2norm, in fp32: k / sqrt(Σk² + 1e-6)
+            kt = kt * tl.rsqrt(tl.sum(kt * kt, axis=0) + 1e-6)
+        if RAW_GATE:
+            gt = neg_a * softplus(gt + dtb)
+        if BETA_LOGITS:
+            bt = tl.sigmoid(bt)
         S = S * tl.exp(gt)  # gated decay
         u = bt * (vt - tl.sum(S * kt[:, None], axis=0))  # (BLOCK_P,) correction: v minus the readout at k
         S = S + kt[:, None] * u[None, :]  # rank-1 write at k
@@ -73,6 +84,8 @@ def _gdn_update_kernel(
                 tl.store(state_ptr + dst * s_row + h * s_h + tile, S, mask=mask)
         if OUTPUT:
             qt = tl.load(q_ptr + b * q_b + t * q_l + grp * q_g + offs_n * q_n, mask=mask_n, other=0.0).to(tl.float32)
+            if QK_L2NORM:
+                qt = qt * tl.rsqrt(tl.sum(qt * qt, axis=0) + 1e-6)
             tl.store(y_base + t * y_l, scale * tl.sum(S * qt[:, None], axis=0), mask=mask_p)
             if HAS_COUNT:
                 keep = tl.where(t < cnt, S, keep)
@@ -106,41 +119,53 @@ def _index(t: Tensor | None, name: str, shape: tuple, device) -> Tensor | None:
     return t.to(device=device, dtype=torch.int64).contiguous()
 
 
-def _launch(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None, *,
+def _launch(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, scale: float | None, *,
             rows: Tensor | None, count: Tensor | None, dst: Tensor | None, store_final: bool, output: bool,
-            block_p: int | None = None, num_warps: int | None = None) -> Tensor | None:
-    bsz, L, H, P, G, N = check_gdn_shapes(q, k, v, g, beta)
+            block_p: int | None = None, num_warps: int | None = None, use_qk_l2norm: bool = False,
+            a: Tensor | None = None, A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+            beta_logits: bool = False) -> Tensor | None:
+    check_forms(g, beta, a=a, A_log=A_log, dt_bias=dt_bias, H=beta.shape[-1])
+    raw = g is None
+    gate = a if raw else g  # (B, L, H): the raw a rides in g's slot, RAW_GATE says which it is
+    bsz, L, H, P, G, N = check_gdn_shapes(q, k, v, gate, beta)
     _check_state(state, H, N, P)
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("a" if raw else "g", gate), ("beta", beta)):
         check_float(name, t)
     y = torch.empty_like(v) if output else None
     bp, nw = _blocks(N, P, L)
     bp, nw = block_p or bp, num_warps or nw
     yt = y if y is not None else v  # unwritten when not OUTPUT
     _gdn_update_kernel[(triton.cdiv(P, bp), bsz, H)](
-        state, q, k, v, g, beta, yt,
+        state, q, k, v, gate, beta, yt,
         rows if rows is not None else dummy(v, torch.int64), count if count is not None else dummy(v, torch.int64),
-        dst if dst is not None else dummy(v, torch.int64), default_scale(scale, N), L, N, P, H // G,
-        *state.stride(), *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(), *yt.stride(),
+        dst if dst is not None else dummy(v, torch.int64),
+        A_log.contiguous() if raw else state, dt_bias.contiguous() if raw else state,  # unread without RAW_GATE
+        default_scale(scale, N), L, N, P, H // G,
+        *state.stride(), *q.stride(), *k.stride(), *v.stride(), *gate.stride(), *beta.stride(), *yt.stride(),
         *(dst.stride() if dst is not None else (0, 0)),
         HAS_ROW=rows is not None, HAS_COUNT=count is not None, SNAPSHOT=dst is not None, STORE_FINAL=store_final,
-        OUTPUT=output, BLOCK_N=max(16, triton.next_power_of_2(N)), BLOCK_P=bp, num_warps=nw)
+        OUTPUT=output, QK_L2NORM=use_qk_l2norm, RAW_GATE=raw, BETA_LOGITS=beta_logits,
+        BLOCK_N=max(16, triton.next_power_of_2(N)), BLOCK_P=bp, num_warps=nw)
     return y
 
 
-def gdn_multistep_triton(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
+def gdn_multistep_triton(state: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, beta: Tensor, *,
                          scale: float | None = None, state_batch_indices: Tensor | None = None,
                          update_count: Tensor | None = None, store_state: bool = True, output: bool = True,
-                         block_p: int | None = None, num_warps: int | None = None) -> Tensor | None:
+                         block_p: int | None = None, num_warps: int | None = None, use_qk_l2norm: bool = False,
+                         a: Tensor | None = None, A_log: Tensor | None = None, dt_bias: Tensor | None = None,
+                         beta_logits: bool = False) -> Tensor | None:
     """Triton form of ``gdn_multistep`` (see ``ssmspec.ops.gdn``); ``block_p`` / ``num_warps`` override the
-    hand-picked launch (benchmark sweeps)."""
+    hand-picked launch (benchmark sweeps). The forms of ``ops/gdn/forms.py`` run in-kernel behind constexpr
+    flags (the l2norm of q and k, the gate from a, sigmoid of beta), so today's form compiles as before."""
     bsz = v.shape[0]
     rows = _index(state_batch_indices, "state_batch_indices", (bsz,), v.device)
     count = _index(update_count, "update_count", (bsz,), v.device)
     if not output and not store_state:
         return None
     return _launch(state, q, k, v, g, beta, scale, rows=rows, count=count, dst=None, store_final=store_state,
-                   output=output, block_p=block_p, num_warps=num_warps)
+                   output=output, block_p=block_p, num_warps=num_warps, use_qk_l2norm=use_qk_l2norm, a=a,
+                   A_log=A_log, dt_bias=dt_bias, beta_logits=beta_logits)
 
 
 def gdn_multistep_snapshot_triton(state_pool: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
