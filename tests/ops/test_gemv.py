@@ -165,3 +165,47 @@ def test_real_sizes(m, sizes, device):
         w, _ = _linear(n, k, bf, device, bias=False)
         a = _randn(m, 1, k, dtype=bf, device=device, seed=6)
         assert_close(linear_small(a, w, backend="triton"), F.linear(a, w), tol, f"({n}, {k})")
+
+
+@pytest.mark.parametrize("preset,new", [pytest.param("tiny-mamba2", 2, id="tiny-mamba2-prefill-decode"),
+                                        pytest.param("tiny-hybrid", 0, id="tiny-hybrid-prefill")])
+def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
+    """A model on the Triton backend (the interpreter on CPU) at a few rows takes the fused path -- norm + in_proj,
+    gated norm + out_proj, and (tiny-hybrid) the attention's q/k/v and the MLP's up_proj -- and gives the logits
+    of the unfused path (the norm kernels then F.linear) up to fp32 rounding: a 5-token prefill, and (``new``)
+    greedy decode steps (every strategy's decode on these kernels: tests/strategies/test_kernels_wired.py)."""
+    from model_forward import parallel_logits
+
+    import ssmspec.ops.gemv.triton as gemv_triton
+    from ssmspec.engine.generate import generate
+    from ssmspec.models import layers
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+
+    monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
+    calls: dict[str, int] = {}
+    for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton"):
+        def spy(*a, _orig=getattr(gemv_triton, fn), _fn=fn, **k):
+            calls[_fn] = calls.get(_fn, 0) + 1
+            return _orig(*a, **k)
+        monkeypatch.setattr(gemv_triton, fn, spy)
+    model = build_model(load_preset(preset), seed=0)
+    ids = torch.tensor([[5, 17, 33, 8, 90]])  # 5 rows: fused
+    prompts = [[5, 17, 33, 8]]
+
+    def run():
+        calls.clear()
+        logits = parallel_logits(model, ids)
+        seq = generate(model, prompts, max_new_tokens=new, strategy="autoregressive", timing=False).sequences if new else None
+        return logits, seq, dict(calls)
+
+    fused, seq_fused, fused_calls = run()
+    monkeypatch.setattr(layers, "DECODE_ROWS", 0)  # nothing is small enough: the unfused path
+    unfused, seq_unfused, unfused_calls = run()
+    n_mamba = model.cfg.pattern.count("M")
+    assert unfused_calls == {}
+    steps = 1 + new  # the parallel prefill, then generate: its prefill gives the first token, a decode step each next
+    assert fused_calls["gated_norm_linear_triton"] == steps * n_mamba
+    assert fused_calls["add_rms_norm_linear_triton"] >= steps * n_mamba
+    torch.testing.assert_close(fused, unfused, atol=2e-5, rtol=2e-5)
+    assert seq_fused == seq_unfused
