@@ -165,8 +165,8 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, h_dtype: torch.dtype)
         if t is not None:
             check_float(name, t)
     if h_dtype != weight.dtype:
-        raise ValueError(f"the normed input (dtype {h_dtype}) and weight ({weight.dtype}) must share a dtype, as "
-                         f"F.linear needs; cast the weight or the norm weight")
+        raise ValueError(f"the GEMV's input (x, or the norm's output: {h_dtype}) and weight ({weight.dtype}) must "
+                         f"share a dtype, as F.linear needs; cast x, the norm weight or the weight")
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias must be (N,) = ({N},), got {tuple(bias.shape)}")
     if weight.stride(1) != 1:
