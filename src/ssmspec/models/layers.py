@@ -14,7 +14,11 @@ from ssmspec.models.config import ModelConfig
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.rope import apply_rope, rope_cos_sin
 from ssmspec.ops.activation import relu_square
+from ssmspec.ops.dispatch import use_triton
+from ssmspec.ops.gemv import add_rms_norm_linear, gated_norm_linear
 from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
+
+DECODE_ROWS = 8  # most rows (B' x L) a call may have for the fused decode GEMVs (ops/gemv)
 
 
 class RMSNorm(nn.Module):
@@ -35,6 +39,58 @@ class RMSNorm(nn.Module):
         return add_rms_norm(x, residual, self.weight, eps=self.eps, residual_in_fp32=residual_in_fp32)
 
 
+def fused_decode(x: Tensor, *weights: Tensor) -> bool:
+    """Whether ``x`` (..., K) goes through the decode GEMVs of ``ops/gemv`` (the norm fused into the projection,
+    one launch, no split-K) instead of the norm then ``nn.Linear``: at most ``DECODE_ROWS`` rows, the Triton
+    backend in use for these tensors (never on the CPU reference path, which stays today's path bit for bit),
+    one dtype for all the weights, and no gradient wanted (the kernels have no backward)."""
+    rows = x.numel() // max(x.shape[-1], 1)
+    if rows > DECODE_ROWS or len({w.dtype for w in weights}) != 1:
+        return False
+    if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
+        return False
+    return use_triton(x, *weights)
+
+
+class PreNorm:
+    """A block's input at decode, before its norm: the previous block's output x (B', L, d) and the residual
+    stream. The mixer's first projections apply the norm in their prologue (``project``); ``residual`` is the
+    new stream (residual + x), which the first of them writes. Stands in for the normed h (shape, dtype)."""
+
+    def __init__(self, x: Tensor, residual: Tensor | None, norm: RMSNorm, *, residual_in_fp32: bool) -> None:
+        self.x, self.norm, self.residual_in_fp32 = x, norm, residual_in_fp32
+        self._residual_in, self._residual_out = residual, None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.x.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def residual(self) -> Tensor:
+        if self._residual_out is None:
+            raise RuntimeError("PreNorm.residual read before any projection of the block's input")
+        return self._residual_out
+
+    def linear(self, layer: nn.Linear) -> Tensor:
+        """layer(RMSNorm(residual + x)) (..., N) in one launch. Later projections norm the new residual stream
+        itself (no residual to add: the same normed input, and no second write of the stream)."""
+        n = self.norm
+        if self._residual_out is None:
+            out, self._residual_out = add_rms_norm_linear(self.x, self._residual_in, n.weight, layer.weight, layer.bias,
+                                                          eps=n.eps, residual_in_fp32=self.residual_in_fp32)
+            return out
+        return add_rms_norm_linear(self._residual_out, None, n.weight, layer.weight, layer.bias, eps=n.eps)[0]
+
+
+def project(h: Tensor | PreNorm, layer: nn.Linear) -> Tensor:
+    """layer(h) for a mixer's first projections: h the normed input, or a ``PreNorm`` at decode."""
+    return h.linear(layer) if isinstance(h, PreNorm) else layer(h)
+
+
 class GatedRMSNorm(nn.Module):
     """y * silu(z), then RMSNorm over groups of ``group_size`` channels (norm_before_gate=False, the
     Mamba-2 / Nemotron-H form; transformers >= 5 and mamba_ssm normalise per group)."""
@@ -47,6 +103,12 @@ class GatedRMSNorm(nn.Module):
     def forward(self, y: Tensor, z: Tensor) -> Tensor:
         """y, z (..., d) -> (..., d) in the model dtype (one launch on CUDA)."""
         return gated_rms_norm(y, z, self.weight, group_size=self.group_size, eps=self.eps)
+
+    def linear(self, y: Tensor, z: Tensor, layer: nn.Linear) -> Tensor:
+        """layer(self(y, z)) (..., N); one launch at decode (``fused_decode``)."""
+        if fused_decode(y, self.weight, layer.weight):
+            return gated_norm_linear(y, z, self.weight, layer.weight, layer.bias, group_size=self.group_size, eps=self.eps)
+        return layer(self(y, z))
 
 
 def _weight_key(t: Tensor | None) -> tuple | None:
@@ -147,13 +209,17 @@ class Mamba2Mixer(nn.Module):
             return self.prepare()
         return self._params
 
-    def forward(self, h: Tensor, ctx) -> Tensor:
+    def prenorm_layers(self) -> list[nn.Linear]:
+        """The projections of the block's normed input (``Block`` fuses its norm into them at decode)."""
+        return [self.in_proj]
+
+    def forward(self, h: Tensor | PreNorm, ctx) -> Tensor:
         c = self.cfg
-        z, xbc, dt = self.in_proj(h).split([c.d_inner, c.conv_dim, c.ssm_heads], dim=-1)
+        z, xbc, dt = project(h, self.in_proj).split([c.d_inner, c.conv_dim, c.ssm_heads], dim=-1)
         inp = MixerInputs(xbc=xbc, dt=dt)
         p = self.params()
         y = ctx.strategy.prefill(p, inp, ctx.step) if ctx.step.prefill else ctx.strategy.mix(p, inp, ctx.step)
-        return self.out_proj(self.norm(y.to(h.dtype), z))
+        return self.norm.linear(y.to(h.dtype), z, self.out_proj)
 
 
 class Attention(nn.Module):
@@ -174,17 +240,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.norm_eps)
             self.k_norm = RMSNorm(hd, cfg.norm_eps)
 
-    def forward(self, h: Tensor, ctx) -> Tensor:
+    def prenorm_layers(self) -> list[nn.Linear]:
+        """The projections of the block's normed input (``Block`` fuses its norm into them at decode)."""
+        return [self.q_proj, self.k_proj, self.v_proj]
+
+    def forward(self, h: Tensor | PreNorm, ctx) -> Tensor:
         c = self.cfg
         b, L, _ = h.shape
         gate = None
         if c.attn_output_gate:  # per head [query | gate] (transformers' Qwen3NextAttention layout)
-            q, gate = self.q_proj(h).view(b, L, c.n_heads, 2 * c.attn_head_dim).chunk(2, dim=-1)
+            q, gate = project(h, self.q_proj).view(b, L, c.n_heads, 2 * c.attn_head_dim).chunk(2, dim=-1)
             gate = gate.reshape(b, L, -1)
         else:
-            q = self.q_proj(h).view(b, L, c.n_heads, c.attn_head_dim)
-        k = self.k_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
-        v = self.v_proj(h).view(b, L, c.n_kv_heads, c.attn_head_dim)
+            q = project(h, self.q_proj).view(b, L, c.n_heads, c.attn_head_dim)
+        k = project(h, self.k_proj).view(b, L, c.n_kv_heads, c.attn_head_dim)
+        v = project(h, self.v_proj).view(b, L, c.n_kv_heads, c.attn_head_dim)
         if c.attn_qk_norm:
             q, k = self.q_norm(q).to(h.dtype), self.k_norm(k).to(h.dtype)
         if c.rope:
@@ -221,10 +291,14 @@ class MLP(nn.Module):
         elif self.kind != "relu2":
             raise ValueError(f"unknown mlp_kind {self.kind!r}; use relu2 or swiglu")
 
-    def forward(self, x: Tensor, ctx=None) -> Tensor:
+    def prenorm_layers(self) -> list[nn.Linear]:
+        """The projections of the block's normed input (``Block`` fuses its norm into them at decode)."""
+        return [self.gate_proj, self.up_proj] if self.kind == "swiglu" else [self.up_proj]
+
+    def forward(self, x: Tensor | PreNorm, ctx=None) -> Tensor:
         if self.kind == "swiglu":
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(relu_square(self.up_proj(x)))
+            return self.down_proj(F.silu(project(x, self.gate_proj)) * project(x, self.up_proj))
+        return self.down_proj(relu_square(project(x, self.up_proj)))
 
 
 class TopKRouter(nn.Module):

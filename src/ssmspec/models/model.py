@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.gdn import GDNMixer
-from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, QwenMoE, RMSNorm
+from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, PreNorm, QwenMoE, RMSNorm, fused_decode
 from ssmspec.models.mil import MILMixer
 
 
@@ -41,9 +41,19 @@ class Block(nn.Module):
     def forward(self, x: Tensor, residual: Tensor | None, ctx) -> tuple[Tensor, Tensor]:
         """x (B', L, d) the previous block's output (the embeddings for the first block), residual
         (B', L, d) the stream before it (None for the first) -> (this block's output, residual + x).
-        The add is fused into the norm (mamba_ssm's prenorm form), one launch per block boundary."""
+        The add is fused into the norm (mamba_ssm's prenorm form), one launch per block boundary; at decode
+        (``fused_decode``: a few rows on the Triton backend) the norm goes further, into the mixer's first
+        projections (``PreNorm``), which then also write the new residual."""
+        if self._fuse_norm(x):
+            pre = PreNorm(x, residual, self.norm, residual_in_fp32=self.residual_in_fp32)
+            return self.mixer(pre, ctx), pre.residual
         h, residual = self.norm.add(x, residual, residual_in_fp32=self.residual_in_fp32)
         return self.mixer(h, ctx), residual
+
+    def _fuse_norm(self, x: Tensor) -> bool:
+        """Mixers that name the projections of their normed input (``prenorm_layers``) take it as a PreNorm."""
+        layers = getattr(self.mixer, "prenorm_layers", None)
+        return layers is not None and fused_decode(x, self.norm.weight, *(lin.weight for lin in layers()))
 
 
 class HybridLM(nn.Module):

@@ -1,0 +1,241 @@
+"""One Triton kernel for the decode GEMVs of a block, with the norm that precedes them in its prologue.
+
+``_norm_gemv_kernel``: out (M, N) = h (M, K) @ W (N, K)^T (+ bias) for M <= 16 rows, one launch a call.
+The grid covers N in blocks of BLOCK_N output rows; every program walks ALL of K in BLOCK_K chunks and keeps
+an fp32 accumulator (BLOCK_N, 16) for every row of h, so W is read exactly once and there is no split-K (no
+second reduce launch, which cuBLAS adds at these shapes). The product is one ``tl.dot`` a chunk with W as the
+left operand ("swap AB": the weight rows fill the MMA's M side, the few rows of h its 16-wide N side).
+
+h is made on the fly from what the block has, chunk by chunk (``NORM``):
+- 0: h = x (``linear_small``);
+- 1: h = RMSNorm(x + residual) * norm_weight (``add_rms_norm_linear``): a first pass over K sums the squares
+  of the rows (x and the residual are a few KB and stay in L2, so every program recomputing them is cheap);
+  program 0 alone writes the new residual in that pass;
+- 2: h = GroupRMSNorm(y * silu(z)) * norm_weight (``gated_norm_linear``): K is walked group by group, each
+  group's first pass gives its rms, its second pass multiplies.
+Rounding follows the unfused path step for step (``ops/norm/naive.py``): the residual sum in the residual
+dtype, then the weight dtype; the normed value rounded to the activation dtype; h rounded to W's dtype before
+the product (bf16 x bf16 products are exact in the fp32 accumulator, fp32 inputs use IEEE fp32 dots).
+
+The kernel writes only fresh outputs (no state in place), so on CUDA it is autotuned keyed by (M, N, K):
+the configs are pruned to those giving at least one program per SM (132 on an H100: a 2560 x 5120 out_proj
+needs BLOCK_N = 16 for 160 programs, a 10576-row in_proj takes up to 64). The interpreter runs one small
+config.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from ssmspec.ops.dispatch import interpret_mode
+from ssmspec.ops.gemv import MAX_M
+from ssmspec.ops.norm.naive import residual_dtype
+from ssmspec.ops.triton_common import check_float, dummy, silu
+
+_BLOCK_M = MAX_M  # the accumulator holds every row of h: the MMA N side, 16 wide
+_INTERPRET_BLOCKS = dict(BLOCK_N=16, BLOCK_K=32)
+
+
+@triton.jit
+def _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row,
+              NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, RES_TY: tl.constexpr):
+    """The pre-norm value of one (BLOCK_M, BLOCK_K) chunk in fp32: x + residual rounded as the residual
+    stream (NORM 1), y * silu(z) (NORM 2), x (NORM 0)."""
+    x = tl.load(x_ptr + rm[:, None] * x_row + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM == 1:
+        if HAS_RESIDUAL:
+            x += tl.load(r_ptr + rm[:, None] * r_row + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = x.to(RES_TY).to(tl.float32)
+    if NORM == 2:
+        z = tl.load(z_ptr + rm[:, None] * z_row + rk[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = x * silu(z)
+    return x
+
+
+@triton.jit
+def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
+                      M, N, K, group_size, eps, x_row, r_row, z_row, w_row, o_row, ro_row,
+                      NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) output columns of this program
+    rm = tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows of x
+    n_mask, m_mask = rn < N, rm < M
+    W_TY: tl.constexpr = w_ptr.dtype.element_ty
+    RES_TY: tl.constexpr = res_out_ptr.dtype.element_ty
+    X_TY: tl.constexpr = x_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for g0 in range(0, K, group_size):  # one group (all of K) unless NORM == 2
+        g_end = tl.minimum(g0 + group_size, K)
+        rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        if NORM != 0:  # first pass: sum of squares of the pre-norm rows over the group, (BLOCK_M,)
+            sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+            for k0 in range(g0, g_end, BLOCK_K):
+                rk = k0 + tl.arange(0, BLOCK_K)
+                mask = m_mask[:, None] & (rk < g_end)[None, :]
+                s = _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row, NORM, HAS_RESIDUAL, RES_TY)
+                if STORE_RESIDUAL:
+                    if pid == 0:  # the new residual stream, written once
+                        tl.store(res_out_ptr + rm[:, None] * ro_row + rk[None, :], s.to(RES_TY), mask=mask)
+                if NORM == 1:  # the norm reads the residual sum in its weight's dtype
+                    s = s.to(W_TY).to(tl.float32)
+                sq += tl.sum(s * s, axis=1)
+            rstd = 1.0 / tl.sqrt(sq / (g_end - g0) + eps)
+        for k0 in range(g0, g_end, BLOCK_K):  # the GEMV over the group's channels
+            rk = k0 + tl.arange(0, BLOCK_K)
+            k_mask = rk < g_end
+            mask = m_mask[:, None] & k_mask[None, :]
+            h = _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row, NORM, HAS_RESIDUAL, RES_TY)
+            if NORM == 1:
+                h = h.to(W_TY).to(tl.float32)
+            if NORM != 0:
+                nw = tl.load(nw_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+                h = h * rstd[:, None]
+                if NORM == 2:  # the gated norm rounds to the activation dtype before its weight
+                    h = h.to(X_TY).to(tl.float32)
+                h = h * nw[None, :]
+            w = tl.load(w_ptr + rn[:, None] * w_row + rk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            h = h.to(W_TY)  # F.linear's operand dtype
+            if IEEE:  # fp32 weights, and the interpreter (its bf16 dot is wrong): the same products in fp32
+                acc += tl.dot(w.to(tl.float32), tl.trans(h.to(tl.float32)), input_precision="ieee")  # (BLOCK_N, BLOCK_M)
+            else:
+                acc += tl.dot(w, tl.trans(h))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out_ty = out_ptr.dtype.element_ty
+    tl.store(out_ptr + rm[None, :] * o_row + rn[:, None], acc.to(W_TY).to(out_ty),
+             mask=n_mask[:, None] & m_mask[None, :])
+
+
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _prune(configs, named_args, **kwargs):
+    """Keep configs with at least one program per SM (W read by every SM at once); when none has, the
+    smallest BLOCK_N. BLOCK_K past K only adds masked lanes."""
+    N, K = named_args["N"], named_args["K"]
+    sms = _sm_count(named_args["w_ptr"].device)
+    fits = [c for c in configs if c.kwargs["BLOCK_K"] <= max(triton.next_power_of_2(K), 64)]
+    wide = [c for c in fits if triton.cdiv(N, c.kwargs["BLOCK_N"]) >= sms]
+    if wide:
+        return wide
+    bn = min(c.kwargs["BLOCK_N"] for c in fits)
+    return [c for c in fits if c.kwargs["BLOCK_N"] == bn]
+
+
+_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
+            for bn in (16, 32, 64) for bk in (128, 256, 512) for nw, ns in ((4, 3), (4, 4), (8, 3))]
+
+
+@functools.cache
+def _tuned():
+    return triton.autotune(_CONFIGS, key=["M", "N", "K", "NORM"], prune_configs_by={"early_config_prune": _prune},
+                           do_bench=_bench)(_norm_gemv_kernel)
+
+
+def _bench(kernel_call, quantiles):
+    """Autotuning time per config: short (a decode GEMV is ~10-100 us; 20 ms of repeats is plenty)."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def _rows(t: Tensor, k: int, name: str) -> Tensor:
+    """(..., K) -> (M, K) with unit channel stride (a copy only when the rows cannot be flattened)."""
+    if t.shape[-1] != k:
+        raise ValueError(f"{name} must end in the weight's K={k} channels, got shape {tuple(t.shape)}")
+    t2 = t.reshape(-1, k)
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def _check(x: Tensor, weight: Tensor, bias: Tensor | None, h_dtype: torch.dtype) -> tuple[int, int, int]:
+    """(M, N, K) after the checks every entry point shares; ``h_dtype``: the dtype h has before the product."""
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (N, K), got shape {tuple(weight.shape)}")
+    N, K = weight.shape
+    M = math.prod(x.shape[:-1])
+    if M > MAX_M:
+        raise ValueError(f"the GEMV kernel takes at most {MAX_M} rows (got M = {M}); use F.linear for larger batches")
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if t is not None:
+            check_float(name, t)
+    if h_dtype != weight.dtype:
+        raise ValueError(f"the GEMV's input (x, or the norm's output: {h_dtype}) and weight ({weight.dtype}) must "
+                         f"share a dtype, as F.linear needs; cast x, the norm weight or the weight")
+    if bias is not None and bias.shape != (N,):
+        raise ValueError(f"bias must be (N,) = ({N},), got {tuple(bias.shape)}")
+    if weight.stride(1) != 1:
+        raise ValueError("weight must have unit stride along K (an nn.Linear weight); pass weight.contiguous()")
+    return M, N, K
+
+
+def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, eps, norm, store):
+    args = (x2, r2 if r2 is not None else dummy(x2), z2 if z2 is not None else dummy(x2),
+            nw if nw is not None else dummy(weight), weight, bias if bias is not None else dummy(weight), out,
+            res_out if store else dummy(x2), M, N, K, group_size, float(eps), x2.stride(0),
+            r2.stride(0) if r2 is not None else 0, z2.stride(0) if z2 is not None else 0, weight.stride(0),
+            out.stride(0), res_out.stride(0) if store else 0)
+    flags = dict(NORM=norm, HAS_RESIDUAL=r2 is not None, STORE_RESIDUAL=store, HAS_BIAS=bias is not None,
+                 IEEE=weight.dtype == torch.float32 or not x2.is_cuda, BLOCK_M=_BLOCK_M)
+    if M == 0:
+        return
+    if interpret_mode() or not x2.is_cuda:
+        _norm_gemv_kernel[(triton.cdiv(N, _INTERPRET_BLOCKS["BLOCK_N"]),)](*args, **flags, **_INTERPRET_BLOCKS)
+    else:
+        _tuned()[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](*args, **flags)
+
+
+def linear_small_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Triton form of ``linear_small`` (see ``ssmspec.ops.gemv``)."""
+    M, N, K = _check(x, weight, bias, x.dtype)
+    x2 = _rows(x, K, "x")
+    out = torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    _launch(x2, None, None, None, weight, bias, out.view(-1, N), None, M=M, N=N, K=K, group_size=max(K, 1),
+            eps=0.0, norm=0, store=False)
+    return out
+
+
+def add_rms_norm_linear_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, weight: Tensor,
+                               bias: Tensor | None = None, *, eps: float,
+                               residual_in_fp32: bool = False) -> tuple[Tensor, Tensor]:
+    """Triton form of ``add_rms_norm_linear`` (see ``ssmspec.ops.gemv``)."""
+    M, N, K = _check(x, weight, bias, norm_weight.dtype)
+    if norm_weight.shape != (K,):
+        raise ValueError(f"norm_weight must be (K,) = ({K},), got {tuple(norm_weight.shape)}")
+    if residual is not None and residual.shape != x.shape:
+        raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
+    check_float("norm_weight", norm_weight)
+    if residual is not None:
+        check_float("residual", residual)
+    x2 = _rows(x, K, "x")
+    r2 = _rows(residual, K, "residual") if residual is not None else None
+    rdtype = residual_dtype(x, residual, residual_in_fp32)
+    store = residual is not None or rdtype != x.dtype  # nothing to add or cast: the new residual is x
+    res_out = torch.empty(x.shape, dtype=rdtype, device=x.device) if store else x
+    out = torch.empty(*x.shape[:-1], N, dtype=weight.dtype, device=x.device)
+    _launch(x2, r2, None, norm_weight, weight, bias, out.view(-1, N), res_out.view(-1, K) if store else None,
+            M=M, N=N, K=K, group_size=max(K, 1), eps=eps, norm=1, store=store)
+    return out, res_out
+
+
+def gated_norm_linear_triton(y: Tensor, z: Tensor, norm_weight: Tensor, weight: Tensor, bias: Tensor | None = None,
+                             *, group_size: int, eps: float) -> Tensor:
+    """Triton form of ``gated_norm_linear`` (see ``ssmspec.ops.gemv``)."""
+    M, N, K = _check(y, weight, bias, torch.promote_types(y.dtype, norm_weight.dtype))
+    if z.shape != y.shape or norm_weight.shape != (K,):
+        raise ValueError(f"need y, z (..., K) and norm_weight (K,) with K={K}; got {tuple(y.shape)}, "
+                         f"{tuple(z.shape)}, {tuple(norm_weight.shape)}")
+    if group_size <= 0 or K % group_size:
+        raise ValueError(f"group_size must divide K={K}, got {group_size}")
+    check_float("z", z)
+    check_float("norm_weight", norm_weight)
+    y2, z2 = _rows(y, K, "y"), _rows(z, K, "z")
+    out = torch.empty(*y.shape[:-1], N, dtype=weight.dtype, device=y.device)
+    _launch(y2, None, z2, norm_weight, weight, bias, out.view(-1, N), None, M=M, N=N, K=K, group_size=group_size,
+            eps=eps, norm=2, store=False)
+    return out

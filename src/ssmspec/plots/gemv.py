@@ -1,0 +1,46 @@
+"""Figure of ``decode_gemv`` (bench/gemv.py), drawn from result rows only.
+
+Per model: left, the fraction of the same run's copy bandwidth each projection reaches vs M (ours and cuBLAS,
+the 0.9 goal); right, speedups vs M, ours over cuBLAS and the fused norm + GEMV over the norm kernel + cuBLAS
+(ratios of medians of the same run).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from ssmspec.plots.kernels import _finish, _need
+
+GOAL = 0.9  # issue 26: the decode GEMV at >= 90% of copy bandwidth at M = 1..8
+
+
+def plot_decode_gemv(df: pd.DataFrame, out: Path) -> None:
+    data = _need(df, "decode_gemv")
+    models = list(dict.fromkeys(data["model"]))
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.4 * len(models)), squeeze=False)
+    for (ax, axr), model in zip(axes, models):
+        m = data[data["model"] == model]
+        for (layer, impl), g in m[m["impl"].isin(["ours", "cublas"])].groupby(["layer", "impl"], sort=False):
+            g = g.sort_values("M")
+            ax.plot(g["M"], g["copy_fraction"], marker="o" if impl == "ours" else "x",
+                    ls="-" if impl == "ours" else ":", label=f"{layer} {impl}")
+        ax.axhline(GOAL, color="r", ls="--", lw=1, label=f"goal {GOAL}")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="rows M", ylabel="fraction of copy bandwidth", title=model, ylim=(0, 1.1))
+        ax.legend(fontsize=6, ncol=2)
+        ax.grid(True, which="both", alpha=0.3)
+        for (layer, impl), g in m[m["impl"].isin(["ours", "fused"])].groupby(["layer", "impl"], sort=False):
+            g = g.dropna(subset=["speedup"]).sort_values("M")
+            label = f"{layer}: ours / cuBLAS" if impl == "ours" else f"{layer}: fused / norm + cuBLAS"
+            axr.plot(g["M"], g["speedup"], marker="o" if impl == "ours" else "s", label=label)
+        axr.axhline(1.0, color="k", lw=0.8)
+        axr.set_xscale("log", base=2)
+        axr.set(xlabel="rows M", ylabel="speedup (same run)", title=f"{model}: speedups")
+        axr.legend(fontsize=6)
+        axr.grid(True, which="both", alpha=0.3)
+    _finish(fig, data, "Decode GEMV (ops/gemv): bandwidth and speedups", out)
