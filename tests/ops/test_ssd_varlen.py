@@ -69,7 +69,7 @@ OPTIONS = [  # the options of one fixed-length row, alone and together
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("opts", OPTIONS)
 def test_fixed_length_options_match_twin(device, opts, dtype):
-    inp = inputs(2, 21, 4, 24, 2, 16, dtype, device, seed=1)
+    inp = inputs(2, 21, 2, 24, 2, 16, dtype, device, seed=1)
     check(call(kernel, inp, block_t=16, **opts), call(twin, inp, **opts), dtype)
 
 
@@ -82,11 +82,17 @@ def test_dt_limit_clamps_after_softplus(device):
     check((y, s), (y_ref, s_ref), torch.float32)
 
 
-# seq_idx rows: (lengths of row 0, lengths of row 1), block_t 16: starts at a tile's first token (16, 32),
-# one-token sequences, three starts inside one tile, and a row of one sequence
+# seq_idx rows at block_t 16: (lengths of row 0, lengths of row 1, initial state, segment_len, dtype). Starts at
+# a tile's (and a segment's) first token (16, 32), one-token sequences, three starts inside one tile, a row of one
+# sequence; each with and without the row's initial state, in one segment and cut into segments of one tile
+TILE_STARTS, ONE_TOKEN_ENDS = ([16, 1, 1, 3, 16], [37]), ([5, 27, 5], [1, 35, 1])
 ROWS = [
-    pytest.param([16, 1, 1, 3, 16], [37], id="tile-start-and-three-in-a-tile"),
-    pytest.param([5, 27, 5], [1, 35, 1], id="one-token-ends"),
+    pytest.param(*TILE_STARTS, True, 16, torch.float32, id="tile-starts-init-seg16-fp32"),
+    pytest.param(*TILE_STARTS, False, None, torch.float32, id="tile-starts-zero-fp32"),
+    pytest.param(*TILE_STARTS, True, None, torch.bfloat16, id="tile-starts-init-bf16"),
+    pytest.param(*ONE_TOKEN_ENDS, False, 16, torch.float32, id="one-token-ends-zero-seg16-fp32"),
+    pytest.param(*ONE_TOKEN_ENDS, True, None, torch.float32, id="one-token-ends-init-fp32"),
+    pytest.param(*ONE_TOKEN_ENDS, False, 16, torch.bfloat16, id="one-token-ends-zero-seg16-bf16"),
 ]
 
 
@@ -94,14 +100,11 @@ def seq_idx_of(rows, device):
     return torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in rows]).to(device)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("segment_len", [pytest.param(None, id="one-segment"), pytest.param(16, id="seg16")])
-@pytest.mark.parametrize("init", [pytest.param(False, id="zero"), pytest.param(True, id="init")])
-@pytest.mark.parametrize("row0, row1", ROWS)
+@pytest.mark.parametrize("row0, row1, init, segment_len, dtype", ROWS)
 def test_seq_idx_rows_match_twin_and_each_sequence_alone(device, row0, row1, init, segment_len, dtype):
     """Rows of several sequences: the row's initial state feeds its first sequence, later ones start from zero,
     the final state is the row's; a sequence starting at a tile (or segment) boundary included."""
-    inp = inputs(2, 37, 4, 16, 2, 16, dtype, device, seed=3)
+    inp = inputs(2, 37, 2, 16, 2, 16, dtype, device, seed=3)
     seq_idx = seq_idx_of([row0, row1], device) + 7  # ids need not start at 0
     opts = dict(z=True, D="hp", raw=True, init=init, seq_idx=seq_idx)
     out = call(kernel, inp, block_t=16, segment_len=segment_len, **opts)
@@ -119,26 +122,26 @@ def test_seq_idx_rows_match_twin_and_each_sequence_alone(device, row0, row1, ini
         assert_close(out[1][b:b + 1], s1, STATE_TOL[dtype], f"final state of row {b}")
 
 
-PACKED = [  # lengths of the packed sequences, block_t 16
-    pytest.param([5, 1, 20, 11], id="5-1-20-11"),
-    pytest.param([16, 16, 3], id="tile-aligned"),
-    pytest.param([37], id="one-sequence"),
+PACKED = [  # (lengths of the packed sequences, initial states, segment_len, dtype) at block_t 16
+    pytest.param([5, 1, 20, 11], True, None, torch.float32, id="5-1-20-11-init-fp32"),
+    pytest.param([5, 1, 20, 11], False, 16, torch.float32, id="5-1-20-11-zero-seg16-fp32"),
+    pytest.param([5, 1, 20, 11], True, 16, torch.bfloat16, id="5-1-20-11-init-seg16-bf16"),
+    pytest.param([16, 16, 3], True, 16, torch.float32, id="tile-aligned-init-seg16-fp32"),
+    pytest.param([16, 16, 3], False, None, torch.bfloat16, id="tile-aligned-zero-bf16"),
+    pytest.param([37], True, 16, torch.float32, id="one-sequence-init-seg16-fp32"),
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("segment_len", [pytest.param(None, id="one-segment"), pytest.param(16, id="seg16")])
-@pytest.mark.parametrize("init", [pytest.param(False, id="zero"), pytest.param(True, id="init")])
-@pytest.mark.parametrize("lengths", PACKED)
+@pytest.mark.parametrize("lengths, init, segment_len, dtype", PACKED)
 def test_packed_sequences_equal_each_sequence_alone(device, lengths, init, segment_len, dtype):
     """The law of cu_seqlens: y and every sequence's final state as if each ran alone from its own initial
     state, with every option on; and the twin agrees."""
     L = sum(lengths)
-    inp = inputs(1, L, 4, 24, 1, 16, dtype, device, seed=4, n_states=len(lengths))
+    inp = inputs(1, L, 2, 24, 1, 16, dtype, device, seed=4, n_states=len(lengths))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     opts = dict(z=True, D="hp", raw=True, init=init, cu_seqlens=cu)
     y, s = call(kernel, inp, block_t=16, segment_len=segment_len, **opts)
-    assert s.shape == (len(lengths), 4, 24, 16)
+    assert s.shape == (len(lengths), 2, 24, 16)
     check((y, s), call(twin, inp, **opts), dtype)
     for k, (a, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
         one = {key: (v[:, a:e] if key in ("x", "dt_raw", "B", "C", "z") else v) for key, v in inp.items()}

@@ -121,10 +121,19 @@ def _ssd_scan_kernel(
     bias = 0.0
     if HAS_BIAS:
         bias = tl.load(dtb_ptr + h).to(tl.float32)
+    Dv = 0.0
+    if HAS_D:  # one scalar for the head, or its (BP,) row of D (H, P)
+        if D_HAS_P:
+            Dv = tl.load(D_ptr + h * D_h + offs_p * D_p, mask=mask_p, other=0.0).to(tl.float32)
+        else:
+            Dv = tl.load(D_ptr + h * D_h).to(tl.float32)
     seq_base = seq_ptr + b * seq_b
     z_base = z_ptr + b * z_b + h * z_h
-    blk_s0 = h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n  # (BP, BN) state offsets in a row
-    blk_sf = h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n
+    blk_s0 = 0
+    blk_sf = 0
+    if HAS_SEQ:  # (BP, BN) offsets of a state in a row of initial / final states, for the per-sequence ones
+        blk_s0 = h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n
+        blk_sf = h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n
     x_base = x_ptr + b * x_b + h * x_h
     dt_base = dt_ptr + b * dt_b + h * dt_h
     B_base = B_ptr + b * B_b + g * B_g
@@ -133,7 +142,8 @@ def _ssd_scan_kernel(
     S = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     if HAS_INIT:
         if seg == 0:
-            S = tl.load(s0_ptr + b * s0_b + blk_s0, mask=mask_pn, other=0.0).to(tl.float32)  # (BP, BN) fp32 state
+            S = tl.load(s0_ptr + b * s0_b + h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n,
+                        mask=mask_pn, other=0.0).to(tl.float32)  # (BP, BN) fp32 carried state
     start = seg * seg_len
     end = tl.minimum(start + seg_len, L)
     if SEGMENTED:
@@ -200,8 +210,7 @@ def _ssd_scan_kernel(
                                mask_pn, s0_b, sf_b, True, PACKED, SEQ_INIT, PRECISION, UPCAST)
         else:  # carried part: exp(cum_i)·(C_i Sᵀ), the state entering the tile read by every token
             y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
-        y = _epilogue(y, xt, tok, mask_t, offs_p, mask_p, D_ptr, z_base, h, D_h, D_p, z_l, z_p, HAS_D, D_HAS_P,
-                      HAS_Z)
+        y = _epilogue(y, xt, tok, mask_t, offs_p, mask_p, Dv, z_base, z_l, z_p, HAS_D, D_HAS_P, HAS_Z)
         tl.store(y_base + tok[:, None] * y_l + offs_p[None, :] * y_p, y.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_p[None, :])
         if not HAS_SEQ:
@@ -211,7 +220,7 @@ def _ssd_scan_kernel(
             last = tl.load(seq_base + (L - 1) * seq_l).to(tl.int64)
             tl.store(sf_ptr + last * sf_b + blk_sf, S, mask=mask_pn)
         else:
-            tl.store(sf_ptr + b * sf_b + blk_sf, S, mask=mask_pn)
+            tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
 
 
 def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:

@@ -39,15 +39,14 @@ def _discretized(dt, mask_t, bias, lo, hi, DT_SOFTPLUS: tl.constexpr, HAS_LIMIT:
 
 
 @triton.jit
-def _epilogue(y, xt, tok, mask_t, offs_p, mask_p, D_ptr, z_base, h, D_h, D_p, z_l, z_p,
+def _epilogue(y, xt, tok, mask_t, offs_p, mask_p, Dv, z_base, z_l, z_p,
               HAS_D: tl.constexpr, D_HAS_P: tl.constexpr, HAS_Z: tl.constexpr):
-    """y (T, BP) fp32 -> (y + D·x)·silu(z); D one scalar per head or one per (head, p)."""
+    """y (T, BP) fp32 -> (y + D·x)·silu(z); Dv the head's scalar D, or its (BP,) row of D (H, P) when D_HAS_P."""
     if HAS_D:
         if D_HAS_P:
-            Dv = tl.load(D_ptr + h * D_h + offs_p * D_p, mask=mask_p, other=0.0).to(tl.float32)  # (BP,)
             y += Dv[None, :] * xt.to(tl.float32)
         else:
-            y += tl.load(D_ptr + h * D_h).to(tl.float32) * xt.to(tl.float32)
+            y += Dv * xt.to(tl.float32)
     if HAS_Z:
         zt = tl.load(z_base + tok[:, None] * z_l + offs_p[None, :] * z_p, mask=mask_t[:, None] & mask_p[None, :],
                      other=0.0).to(tl.float32)  # (T, BP)
