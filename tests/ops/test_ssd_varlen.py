@@ -97,7 +97,9 @@ ROWS = [
 
 
 def seq_idx_of(rows, device):
-    return torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in rows]).to(device)
+    """(B, L) int32 ids (mamba_ssm's dtype; the packed tests cover int64) from each row's sequence lengths."""
+    ids = torch.stack([torch.repeat_interleave(torch.arange(len(r)), torch.tensor(r)) for r in rows])
+    return ids.to(device, torch.int32)
 
 
 @pytest.mark.parametrize("row0, row1, init, segment_len, dtype", ROWS)
@@ -238,3 +240,14 @@ def test_gpu_packed_mamba2_matches_mamba_ssm(dtype):
                            dt_bias=inp["dt_bias"], seq_idx=seq_idx, cu_seqlens=cu, dt_softplus=True,
                            dt_limit=(0.01, 0.2), return_final_states=True, return_varlen_states=True)
     assert rel_err(y, y_m) < 1e-2 and rel_err(s, s_m) < 1e-2
+
+
+@pytest.mark.gpu
+def test_gpu_seq_idx_rows_mamba2_match_twin():
+    """Two rows of mamba2-2.7b sizes, each several sequences (seq_idx alone), bf16, from the rows' initial states."""
+    rows = [LENGTHS, [2048, 1000, 513, 37]]
+    inp = inputs(2, sum(LENGTHS), 80, 64, 1, 128, torch.bfloat16, "cuda", seed=8)
+    opts = dict(z=True, D="hp", raw=True, init=True, seq_idx=seq_idx_of(rows, "cuda"))
+    y, s = call(kernel, inp, **opts)
+    y_ref, s_ref = call(ssd_chunk_scan_ref, inp, chunk_size=256, **opts)
+    assert rel_err(y, y_ref) < 1e-2 and rel_err(s, s_ref) < 1e-2
