@@ -142,7 +142,7 @@ def test_packed_sequences_equal_each_sequence_alone(device, lengths, init, segme
     inp = inputs(1, L, 2, 24, 1, 16, dtype, device, seed=4, n_states=len(lengths))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
     opts = dict(z=True, D="hp", raw=True, init=init, cu_seqlens=cu)
-    y, s = call(kernel, inp, block_t=16, segment_len=segment_len, **opts)
+    y, s = call(kernel, inp, block_t=16, block_p=16, segment_len=segment_len, **opts)  # P = 24: two P blocks
     assert s.shape == (len(lengths), 2, 24, 16)
     check((y, s), call(twin, inp, **opts), dtype)
     for k, (a, e) in enumerate(zip(cu.tolist(), cu.tolist()[1:])):
