@@ -1,6 +1,7 @@
-"""Jit helpers of the SSD scan kernel (``triton.py``): its tensor-core product ``_mm``, and the helpers for the options of ``ssd_chunk_scan`` beyond the fixed-length
-scan of discretized dt: dt discretized in the kernel, the output's D·x and silu(z) gate, and several sequences in
-one row (``seq_idx`` / ``cu_seqlens``), each behind a constexpr flag so the fixed-length kernel is unchanged.
+"""Jit helpers of the SSD scan kernel (``triton.py``): its tensor-core product ``_mm``, and the helpers for the
+options of ``ssd_chunk_scan`` beyond the fixed-length scan of discretized dt: dt discretized in the kernel, the
+output's D·x and silu(z) gate, and several sequences in one row (``seq_idx`` / ``cu_seqlens``), each behind a
+constexpr flag so the fixed-length kernel is unchanged.
 
 Sequences in a row. A sequence starts at token t > 0 where seq_idx[t] != seq_idx[t - 1]. Inside a tile the
 starts cut the tokens into local runs r = 0, 1, ..., R (``_seq_marks``: r_t counts the starts at or before t in
