@@ -41,19 +41,11 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from ssmspec.ops.dispatch import interpret_mode
-from ssmspec.ops.ssd.naive import check_ssd_shapes
-from ssmspec.ops.triton_common import check_float, dummy
+from ssmspec.ops.ssd.naive import check_scan_options, seq_ids
+from ssmspec.ops.ssd.triton_options import _discretized, _epilogue, _mm, _run_states, _seq_marks
+from ssmspec.ops.triton_common import check_float, dummy, has_limit, limit_args
 
 log = logging.getLogger("ssmspec.ops.ssd")
-
-
-@triton.jit
-def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a @ b with fp32 accumulation. UPCAST: the operands (already rounded to bf16) go in as fp32 -- the
-    same products, exactly -- because the CPU interpreter's bf16 tl.dot returns garbage (Triton 3.x)."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    return tl.dot(a, b, input_precision=PRECISION)
 
 
 @triton.jit
@@ -83,8 +75,8 @@ def _carry(S, xt, Bt, dt, cum, total, PRECISION: tl.constexpr, UPCAST: tl.conste
 
 @triton.jit
 def _ssd_scan_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr, carry_ptr, flag_ptr,
-    L, P, N, H, heads_per_group, n_pblk, n_seg, seg_len,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, s0_ptr, y_ptr, sf_ptr, carry_ptr, flag_ptr, z_ptr, dtb_ptr, seq_ptr,
+    L, P, N, H, heads_per_group, n_pblk, n_seg, seg_len, lo, hi,
     x_b, x_l, x_h, x_p,
     dt_b, dt_l, dt_h,
     B_b, B_l, B_g, B_n,
@@ -92,9 +84,16 @@ def _ssd_scan_kernel(
     s0_b, s0_h, s0_p, s0_n,
     y_b, y_l, y_h, y_p,
     sf_b, sf_h, sf_p, sf_n,
+    D_h, D_p, z_b, z_l, z_h, z_p, seq_b, seq_l,
     HAS_D: tl.constexpr, HAS_INIT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
     SEGMENTED: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_HAS_P: tl.constexpr, HAS_Z: tl.constexpr, DT_RAW: tl.constexpr, HAS_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, HAS_SEQ: tl.constexpr, PACKED: tl.constexpr,
+    SEQ_INIT: tl.constexpr,
 ):
+    # options (``triton_options.py``): DT_RAW discretizes dt here (HAS_BIAS, DT_SOFTPLUS, HAS_LIMIT); D_HAS_P: D
+    # is (H, P); HAS_Z gates the output; HAS_SEQ: several sequences a row (seq_ptr (B, L) ids), PACKED: one row
+    # of cu_seqlens' sequences, initial / final states one per sequence (SEQ_INIT: the initial ones given)
     if SEGMENTED:
         # one program per (chain, segment). Programs take their segment in the order they start (a ticket),
         # so the segment a program waits on belongs to a program that started before it: no deadlock
@@ -119,8 +118,22 @@ def _ssd_scan_kernel(
     mask_n = offs_n < N
     mask_pn = mask_p[:, None] & mask_n[None, :]
     A = tl.load(A_ptr + h).to(tl.float32)
-    if HAS_D:
-        Dh = tl.load(D_ptr + h).to(tl.float32)
+    bias = 0.0
+    if HAS_BIAS:
+        bias = tl.load(dtb_ptr + h).to(tl.float32)
+    Dv = 0.0
+    if HAS_D:  # one scalar for the head, or its (BP,) row of D (H, P)
+        if D_HAS_P:
+            Dv = tl.load(D_ptr + h * D_h + offs_p * D_p, mask=mask_p, other=0.0).to(tl.float32)
+        else:
+            Dv = tl.load(D_ptr + h * D_h).to(tl.float32)
+    seq_base = seq_ptr + b * seq_b
+    z_base = z_ptr + b * z_b + h * z_h
+    blk_s0 = 0
+    blk_sf = 0
+    if HAS_SEQ:  # (BP, BN) offsets of a state in a row of initial / final states, for the per-sequence ones
+        blk_s0 = h * s0_h + offs_p[:, None] * s0_p + offs_n[None, :] * s0_n
+        blk_sf = h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n
     x_base = x_ptr + b * x_b + h * x_h
     dt_base = dt_ptr + b * dt_b + h * dt_h
     B_base = B_ptr + b * B_b + g * B_g
@@ -143,19 +156,31 @@ def _ssd_scan_kernel(
         flags = flag_ptr + 1 + chain * (n_seg - 1)
         Sl = S
         decay = 0.0
+        flow = 1.0  # HAS_SEQ: 0 once a sequence starts in the segment (the state entering it stops there)
         if seg < n_seg - 1:  # the last segment passes nothing on
             for t0 in range(start, end, BLOCK_T):
-                _, _, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p, mask_n,
-                                            x_l, x_p, dt_l, B_l, B_n)
+                tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p,
+                                                   mask_n, x_l, x_p, dt_l, B_l, B_n)
+                if DT_RAW:
+                    dt = _discretized(dt, mask_t, bias, lo, hi, DT_SOFTPLUS, HAS_LIMIT)
                 cum = tl.cumsum(A * dt, axis=0)
                 total = tl.sum(A * dt, axis=0)
-                Sl = _carry(Sl, xt, Bt, dt, cum, total, PRECISION, UPCAST)
+                if HAS_SEQ:
+                    r, n_runs, sid0 = _seq_marks(seq_base, tok, mask_t, t0, seq_l)
+                    Sl, _ = _run_states(Sl, xt, Bt, xt, Bt, dt, cum, r, n_runs, sid0, A, s0_ptr, sf_ptr, blk_s0,
+                                        blk_sf, mask_pn, s0_b, sf_b, False, False, SEQ_INIT, PRECISION, UPCAST)
+                    flow = tl.where(n_runs == 0, flow, 0.0)
+                else:
+                    Sl = _carry(Sl, xt, Bt, dt, cum, total, PRECISION, UPCAST)
                 decay += total
         if seg > 0:
             while tl.atomic_add(flags + seg - 1, 0, sem="acquire") == 0:
                 pass
             S = tl.load(slot + (seg - 1) * BLOCK_P * BLOCK_N + blk, cache_modifier=".cg")
-            Sl = S * tl.exp(decay) + Sl
+            if HAS_SEQ:
+                Sl = S * (tl.exp(decay) * flow) + Sl
+            else:
+                Sl = S * tl.exp(decay) + Sl
         if seg < n_seg - 1:
             tl.store(slot + seg * BLOCK_P * BLOCK_N + blk, Sl)
             tl.debug_barrier()  # every thread's part of the slot is written before the flag goes up
@@ -164,24 +189,38 @@ def _ssd_scan_kernel(
     for t0 in range(start, end, BLOCK_T):
         tok, mask_t, dt, xt, Bt = _tile_xb(x_base, dt_base, B_base, t0, end, offs_t, offs_p, offs_n, mask_p, mask_n,
                                            x_l, x_p, dt_l, B_l, B_n)
+        if DT_RAW:
+            dt = _discretized(dt, mask_t, bias, lo, hi, DT_SOFTPLUS, HAS_LIMIT)
         Ct = tl.load(C_base + tok[:, None] * C_l + offs_n[None, :] * C_n,
                      mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(xt.dtype)  # (T, BN)
         cum = tl.cumsum(A * dt, axis=0)  # (T,) log-decay from the tile start through token t
         total = tl.sum(A * dt, axis=0)  # cum_T
         # within-tile part: W[i, j] = exp(cum_i - cum_j)·dt_j·(C_i·B_j) for j <= i
         CB = _mm(Ct, tl.trans(Bt), PRECISION, UPCAST)  # (T, T) fp32
-        seg_w = tl.where(causal, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
+        if HAS_SEQ:  # token i reads token j only inside its own sequence
+            r, n_runs, sid0 = _seq_marks(seq_base, tok, mask_t, t0, seq_l)
+            same = causal & (r[:, None] == r[None, :])
+        else:
+            same = causal
+        seg_w = tl.where(same, cum[:, None] - cum[None, :], float("-inf"))  # exp -> 0 above the diagonal
         W = CB * tl.exp(seg_w) * dt[None, :]  # (T, T)
         y = _mm(W.to(xt.dtype), xt, PRECISION, UPCAST)  # (T, BP)
-        # carried part: exp(cum_i)·(C_i Sᵀ), the state entering the tile read by every token
-        y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
-        if HAS_D:
-            y += Dh * xt.to(tl.float32)
+        if HAS_SEQ:  # each run reads its entry state; the state carried on, and packed sequences' final states
+            S, y = _run_states(S, y, Ct, xt, Bt, dt, cum, r, n_runs, sid0, A, s0_ptr, sf_ptr, blk_s0, blk_sf,
+                               mask_pn, s0_b, sf_b, True, PACKED, SEQ_INIT, PRECISION, UPCAST)
+        else:  # carried part: exp(cum_i)·(C_i Sᵀ), the state entering the tile read by every token
+            y += tl.exp(cum)[:, None] * _mm(Ct, tl.trans(S.to(Ct.dtype)), PRECISION, UPCAST)
+        y = _epilogue(y, xt, tok, mask_t, offs_p, mask_p, Dv, z_base, z_l, z_p, HAS_D, D_HAS_P, HAS_Z)
         tl.store(y_base + tok[:, None] * y_l + offs_p[None, :] * y_p, y.to(y_ptr.dtype.element_ty),
                  mask=mask_t[:, None] & mask_p[None, :])
-        S = _carry(S, xt, Bt, dt, cum, total, PRECISION, UPCAST)
+        if not HAS_SEQ:
+            S = _carry(S, xt, Bt, dt, cum, total, PRECISION, UPCAST)
     if seg == n_seg - 1:
-        tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
+        if PACKED:  # the last sequence ends with the row
+            last = tl.load(seq_base + (L - 1) * seq_l).to(tl.int64)
+            tl.store(sf_ptr + last * sf_b + blk_sf, S, mask=mask_pn)
+        else:
+            tl.store(sf_ptr + b * sf_b + h * sf_h + offs_p[:, None] * sf_p + offs_n[None, :] * sf_n, S, mask=mask_pn)
 
 
 def _blocks(L: int, P: int, N: int) -> tuple[int, int, int]:
@@ -269,17 +308,22 @@ def default_launch(dtype: torch.dtype, L: int, P: int, N: int, *, chains: int = 
     """The launch options a call without any runs with in this process (after any step-down), for result rows:
     ``chains`` is batch x heads, ``device`` the GPU whose SMs decide the segment length."""
     bt, bp, nw, seg = _plan(L, P, N, chains, _sm_count(torch.device(device)))
-    bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64, seg < L), (bt, nw, 2))
+    bt, nw, stages = _FALLBACK.get((dtype, P, N, L > 64, seg < L, (False, False)), (bt, nw, 2))
     return dict(block_t=bt, block_p=bp, num_warps=nw, num_stages=stages, segment_len=seg)
 
 
 def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
-                          initial_state: Tensor | None = None, block_t: int | None = None,
+                          initial_state: Tensor | None = None, z: Tensor | None = None,
+                          dt_bias: Tensor | None = None, dt_softplus: bool = False,
+                          dt_limit: tuple[float, float] = (0.0, float("inf")), seq_idx: Tensor | None = None,
+                          cu_seqlens: Tensor | None = None, block_t: int | None = None,
                           block_p: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, segment_len: int | None = None) -> tuple[Tensor, Tensor]:
-    """One-kernel SSD scan. x (B, L, H, P); dt (B, L, H) already discretized (0 on pad tokens); A (H,);
-    B, C (B, L, G, N); D (H,) or None; initial_state (B, H, P, N) or None (zeros). Any strides.
-    Returns y (B, L, H, P) in x's dtype and the final state (B, H, P, N) fp32 (a new tensor).
+    """One-kernel SSD scan. x (B, L, H, P); dt (B, L, H) discretized (0 on pad tokens), or raw with ``dt_bias``
+    (H,) / ``dt_softplus`` / ``dt_limit``; A (H,); B, C (B, L, G, N); D (H,) or (H, P) or None; z (B, L, H, P)
+    or None; initial_state (B, H, P, N) or None (zeros); ``seq_idx`` (B, L) int / ``cu_seqlens`` (num_seqs + 1,)
+    int: several sequences a row, as ``ssd_chunk_scan`` says. Any strides. Returns y (B, L, H, P) in x's dtype and
+    the final states (B, H, P, N) -- (num_seqs, H, P, N) with ``cu_seqlens`` -- fp32 (a new tensor).
     ``block_t`` tokens per tile, ``block_p`` state rows per program (powers of two >= 16), ``num_warps``,
     ``num_stages`` (2), ``segment_len``: launch options, the result does not depend on them (up to rounding).
     ``segment_len`` is the tokens per segment of a chain (sequence, head, P block), a multiple of the tile or
@@ -289,9 +333,15 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     the blocks and the cut (one segment while batch x heads fill the GPU), stepping down (``_fallbacks``)
     where the GPU cannot hold them; a launch option that does not fit raises Triton's OutOfResources (the
     block-size sweep records it)."""
-    bsz, L, H, P, G, N = check_ssd_shapes(x, dt, A, B, C, D, initial_state)
-    for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
-        check_float(name, t)
+    n_states = check_scan_options(x, dt, A, B, C, D, initial_state, z=z, dt_bias=dt_bias, dt_limit=dt_limit,
+                                  seq_idx=seq_idx, cu_seqlens=cu_seqlens)
+    bsz, L, H, P = x.shape
+    G, N = B.shape[2:]
+    for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt), ("z", z)):
+        if t is not None:
+            check_float(name, t)
+    if cu_seqlens is not None:  # the sequence of every token, from the offsets (no host sync)
+        seq_idx = seq_ids(cu_seqlens, L)[None]
     chosen = block_t is None and num_warps is None and num_stages is None
     if chosen and segment_len is None:  # the default plan: blocks and the segment cut
         bt, bp, nw, segment_len = _plan(L, P, N, bsz * H, _sm_count(x.device))
@@ -301,7 +351,7 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     _check_block("block_t", bt)
     _check_block("block_p", bp)
     y = torch.empty(bsz, L, H, P, dtype=x.dtype, device=x.device)
-    final = torch.empty(bsz, H, P, N, dtype=torch.float32, device=x.device)
+    final = torch.empty(n_states, H, P, N, dtype=torch.float32, device=x.device)
     if bsz == 0 or H == 0:
         return y, final
     if segment_len is not None and (segment_len < 1 or (segment_len < L and segment_len % bt)):
@@ -310,12 +360,20 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     s0 = initial_state
     n_pblk = triton.cdiv(P, bp)
     bn = max(16, triton.next_power_of_2(N))
+    d_strides = (0, 0) if D is None else (D.stride(0), D.stride(1) if D.dim() == 2 else 0)
     strides = (*x.stride(), *dt.stride(), *B.stride(), *C.stride(), *(s0.stride() if s0 is not None else (0,) * 4),
-               *y.stride(), *final.stride())
+               *y.stride(), *final.stride(), *d_strides, *(z.stride() if z is not None else (0,) * 4),
+               *(seq_idx.stride() if seq_idx is not None else (0, 0)))
+    dt_raw = dt_bias is not None or dt_softplus or has_limit(dt_limit)
     consts = dict(HAS_D=D is not None, HAS_INIT=s0 is not None,
                   PRECISION="tf32x3" if x.dtype == torch.float32 else "tf32",
-                  UPCAST=interpret_mode() and x.dtype == torch.bfloat16, BLOCK_P=bp, BLOCK_N=bn)
-    key = (x.dtype, P, N, L > 64, segment_len is not None and segment_len < L)
+                  UPCAST=interpret_mode() and x.dtype == torch.bfloat16, BLOCK_P=bp, BLOCK_N=bn,
+                  D_HAS_P=D is not None and D.dim() == 2, HAS_Z=z is not None, DT_RAW=dt_raw,
+                  HAS_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit(dt_limit),
+                  HAS_SEQ=seq_idx is not None, PACKED=cu_seqlens is not None,
+                  SEQ_INIT=cu_seqlens is not None and s0 is not None)
+    options = (z is not None, seq_idx is not None)  # registers beyond the fixed-length kernel's
+    key = (x.dtype, P, N, L > 64, segment_len is not None and segment_len < L, options)
     if not chosen:
         tries = [(bt, nw, stages)]
     elif key in _FALLBACK:
@@ -332,8 +390,9 @@ def ssd_chunk_scan_triton(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor
     else:
         carry, flags = dummy(final), dummy(final, torch.int32)
         grid = (n_pblk, bsz, H)
+    opt = [t if t is not None else dummy(ref) for t, ref in ((z, x), (dt_bias, A), (seq_idx, flags))]
     args = (x, dt, A, B, C, D if D is not None else dummy(A), s0 if s0 is not None else dummy(final), y, final,
-            carry, flags, L, P, N, H, H // G, n_pblk, n_seg, seg, *strides)
+            carry, flags, *opt, L, P, N, H, H // G, n_pblk, n_seg, seg, *limit_args(dt_limit), *strides)
     for i, (t, w, st) in enumerate(tries):
         try:
             _ssd_scan_kernel[grid](*args, **consts, SEGMENTED=n_seg > 1, BLOCK_T=t, num_warps=w, num_stages=st)
