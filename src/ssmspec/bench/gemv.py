@@ -14,8 +14,8 @@ twin): a graph holds ``rot`` calls, each on its own copy of the weight, ``rot`` 
 exceed 4x L2 (a 26 MB out_proj would otherwise be read from L2). ``gbps`` = weight bytes / median time (the
 copy moves them twice: read and write, ``gbps`` counts both); ``copy_fraction`` = gbps / the copy's gbps of
 the same shape; ``hbm_fraction`` against the 1 GiB copy of ``bench.timing.measure_hbm_bandwidth``. ``ours`` and
-``fused`` carry ``speedup`` over ``cublas`` / ``unfused`` (same run) and, on CUDA, the autotuner's choice
-(``config``) and the first call's wall time (``first_call_s``: compile + autotune, untimed otherwise).
+``fused`` carry ``speedup`` over ``cublas`` / ``unfused`` (same run) and, on CUDA, the blocks the kernel picked
+(``config``) and the first call's wall time (``first_call_s``: compilation, untimed otherwise).
 Goal (issue 26): ours >= 0.9 of copy bandwidth at M = 1..8.
 """
 from __future__ import annotations
@@ -81,12 +81,11 @@ def _impls(shape: dict, a: dict, backend: str) -> dict[str, Callable[[torch.Tens
     return fns
 
 
-def _tuned_config() -> str | None:
-    """The autotuner's last choice (what the ``ours`` / ``fused`` call just ran), None off CUDA."""
-    from ssmspec.ops.gemv.triton import _tuned
+def _block_config(N: int, K: int) -> str:
+    """The blocks ``ops/gemv`` picks for an (N, K) weight on this GPU (its ``_config`` rule)."""
+    from ssmspec.ops.gemv.triton import _config, _sm_count
 
-    best = getattr(_tuned(), "best_config", None)
-    return None if best is None else str(best)
+    return str(_config(N, K, _sm_count(torch.device("cuda"))))
 
 
 def run_decode_gemv(cfg: DictConfig) -> Iterator[dict]:
@@ -129,6 +128,6 @@ def _point(ctx: Ctx, preset: str, shape: dict, m: int, backend: str) -> Iterator
         times[impl] = row["ms_p50"]
         if impl in ("ours", "fused"):
             row["first_call_s"] = first
-            row["config"] = _tuned_config() if ran == "triton" and ctx.cuda else None
+            row["config"] = _block_config(*ws[0].shape) if ran == "triton" and ctx.cuda else None
             row["speedup"] = times["cublas" if impl == "ours" else "unfused"] / row["ms_p50"]
         yield row

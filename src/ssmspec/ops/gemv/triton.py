@@ -17,10 +17,9 @@ Rounding follows the unfused path step for step (``ops/norm/naive.py``): the res
 dtype, then the weight dtype; the normed value rounded to the activation dtype; h rounded to W's dtype before
 the product (bf16 x bf16 products are exact in the fp32 accumulator, fp32 inputs use IEEE fp32 dots).
 
-The kernel writes only fresh outputs (no state in place), so on CUDA it is autotuned keyed by (M, N, K):
-the configs are pruned to those giving at least one program per SM (132 on an H100: a 2560 x 5120 out_proj
-needs BLOCK_N = 16 for 160 programs, a 10576-row in_proj takes up to 64). The interpreter runs one small
-config.
+Blocks by rule (``_config``), not autotuned (a tuner would compile every config for every shape a model
+decodes with): the widest BLOCK_N that still gives every SM a program (132 on an H100: a 2560 x 5120 out_proj
+gets BLOCK_N = 16 for 160 programs, a 10576-row in_proj 64). The interpreter runs one small config.
 """
 from __future__ import annotations
 
@@ -117,32 +116,15 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _prune(configs, named_args, **kwargs):
-    """Keep configs with at least one program per SM (W read by every SM at once); when none has, the
-    smallest BLOCK_N. BLOCK_K past K only adds masked lanes."""
-    N, K = named_args["N"], named_args["K"]
-    sms = _sm_count(named_args["w_ptr"].device)
-    fits = [c for c in configs if c.kwargs["BLOCK_K"] <= max(triton.next_power_of_2(K), 64)]
-    wide = [c for c in fits if triton.cdiv(N, c.kwargs["BLOCK_N"]) >= sms]
-    if wide:
-        return wide
-    bn = min(c.kwargs["BLOCK_N"] for c in fits)
-    return [c for c in fits if c.kwargs["BLOCK_N"] == bn]
-
-
-_CONFIGS = [triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
-            for bn in (16, 32, 64) for bk in (128, 256, 512) for nw, ns in ((4, 3), (4, 4), (8, 3))]
-
-
 @functools.cache
-def _tuned():
-    return triton.autotune(_CONFIGS, key=["M", "N", "K", "NORM"], prune_configs_by={"early_config_prune": _prune},
-                           do_bench=_bench)(_norm_gemv_kernel)
-
-
-def _bench(kernel_call, quantiles):
-    """Autotuning time per config: short (a decode GEMV is ~10-100 us; 20 ms of repeats is plenty)."""
-    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+def _config(N: int, K: int, sms: int) -> dict:
+    """Blocks and warps by rule, not autotuned: autotuning compiled every config for every (M, N, K) a model
+    decodes with, minutes of compilation per run. The widest BLOCK_N that still gives every SM a program (W read
+    by all SMs at once; the smallest when none does), BLOCK_K 256 (one 8 KB bf16 row strip per program per
+    step), 4 warps, 3 stages."""
+    bn = next((b for b in (64, 32, 16) if triton.cdiv(N, b) >= sms), 16)
+    return {"BLOCK_N": bn, "BLOCK_K": min(256, max(triton.next_power_of_2(K), 64)), "num_warps": 4,
+            "num_stages": 3}
 
 
 def _rows(t: Tensor, k: int, name: str) -> Tensor:
@@ -187,7 +169,8 @@ def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, 
     if interpret_mode() or not x2.is_cuda:
         _norm_gemv_kernel[(triton.cdiv(N, _INTERPRET_BLOCKS["BLOCK_N"]),)](*args, **flags, **_INTERPRET_BLOCKS)
     else:
-        _tuned()[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]),)](*args, **flags)
+        cfg = _config(N, K, _sm_count(x2.device))
+        _norm_gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]),)](*args, **flags, **cfg)
 
 
 def linear_small_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
