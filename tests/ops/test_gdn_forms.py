@@ -210,9 +210,10 @@ def _ours(raw: dict) -> tuple[tuple, dict]:
 
 
 @pytest.mark.gpu
-def test_chunk_scan_matches_fla_chunk_varlen(device):
+def test_chunk_scan_matches_fla_chunk_varlen():
     """Packed prefill of three sequences from their own states at Qwen3.5-4B sizes: our chunk scan with every
     form raw equals fla's chunk kernel with in-kernel l2norm and cu_seqlens."""
+    device = "cuda"
     fla = pytest.importorskip("fla.ops.gated_delta_rule")
     H, G, N, P = QWEN35.values()
     cu = torch.tensor([0, 100, 357, 512], device=device)
@@ -229,9 +230,10 @@ def test_chunk_scan_matches_fla_chunk_varlen(device):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("L", [1, 4])
-def test_multistep_matches_fla_fused_recurrent(L, device):
+def test_multistep_matches_fla_fused_recurrent(L):
     """Decode from stored states, batch 8: our kernel with every form in-kernel equals fla's fused recurrent
     kernel with use_qk_l2norm_in_kernel."""
+    device = "cuda"
     fla = pytest.importorskip("fla.ops.gated_delta_rule")
     H, G, N, P = QWEN35.values()
     raw = raw_inputs(8, L, H, G, N, P, torch.bfloat16, device)
@@ -246,8 +248,9 @@ def test_multistep_matches_fla_fused_recurrent(L, device):
 
 
 @pytest.mark.gpu
-def test_chunk_scan_matches_fla_fused_recurrent_varlen(device):
+def test_chunk_scan_matches_fla_fused_recurrent_varlen():
     """fla's fused recurrent kernel over packed sequences (cu_seqlens) and our packed chunk scan agree."""
+    device = "cuda"
     fla = pytest.importorskip("fla.ops.gated_delta_rule")
     H, G, N, P = QWEN35.values()
     cu = torch.tensor([0, 7, 8, 77], device=device)

@@ -183,6 +183,7 @@ def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
     from ssmspec.models.model import build_model
 
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "all")  # the norm + GEMV fusion is opt-in (ops.dispatch)
     calls: dict[str, int] = {}
     for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton"):
         def spy(*a, _orig=getattr(gemv_triton, fn), _fn=fn, **k):
@@ -209,3 +210,18 @@ def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
     assert fused_calls["add_rms_norm_linear_triton"] >= steps * n_mamba
     torch.testing.assert_close(fused, unfused, atol=2e-5, rtol=2e-5)
     assert seq_fused == seq_unfused
+
+
+def test_norm_gemv_fusion_is_opt_in(monkeypatch):
+    """The models take the fused norm + GEMV only with SSMSPEC_DECODE_FUSION=all; a bad value is one error."""
+    from ssmspec.models import layers
+
+    x, w = torch.randn(1, 8), torch.randn(4, 8)
+    monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
+    monkeypatch.delenv("SSMSPEC_DECODE_FUSION", raising=False)
+    assert not layers.fused_decode(x, w)
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "all")
+    assert layers.fused_decode(x, w)
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "fast")
+    with pytest.raises(ValueError, match="SSMSPEC_DECODE_FUSION must be one of"):
+        layers.fused_decode(x, w)

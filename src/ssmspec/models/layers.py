@@ -14,7 +14,7 @@ from ssmspec.models.config import ModelConfig
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.rope import apply_rope, rope_cos_sin
 from ssmspec.ops.activation import relu_square
-from ssmspec.ops.dispatch import use_triton
+from ssmspec.ops.dispatch import decode_fusion, use_triton
 from ssmspec.ops.gemv import add_rms_norm_linear, gated_norm_linear
 from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
 
@@ -43,7 +43,10 @@ def fused_decode(x: Tensor, *weights: Tensor) -> bool:
     """Whether ``x`` (..., K) goes through the decode GEMVs of ``ops/gemv`` (the norm fused into the projection,
     one launch, no split-K) instead of the norm then ``nn.Linear``: at most ``DECODE_ROWS`` rows, the Triton
     backend in use for these tensors (never on the CPU reference path, which stays today's path bit for bit),
-    one dtype for all the weights, and no gradient wanted (the kernels have no backward)."""
+    one dtype for all the weights, no gradient wanted (the kernels have no backward), and the fusion asked for
+    (``ops.dispatch.decode_fusion() == "all"``: off by default until the kernel beats norm + cuBLAS)."""
+    if decode_fusion() != "all":
+        return False
     rows = x.numel() // max(x.shape[-1], 1)
     if rows > DECODE_ROWS or len({w.dtype for w in weights}) != 1:
         return False

@@ -42,3 +42,17 @@ def use_triton(*tensors: torch.Tensor | None, backend: str = "auto") -> bool:
         raise ValueError("backend='triton' needs CUDA tensors, or TRITON_INTERPRET=1 set before the first "
                          "import of ssmspec's Triton modules (CPU interpreter); use backend='reference' on CPU")
     return True
+
+
+DECODE_FUSIONS = ("none", "conv_ssm", "all")
+
+
+def decode_fusion() -> str:
+    """Which decode fusions the Triton backend uses (``SSMSPEC_DECODE_FUSION``): ``conv_ssm`` (default: a Mamba-2
+    layer's conv and single-token SSM update in one launch, ``ops/conv_ssm_update``), ``all`` (also the block's
+    norms fused into the decode GEMVs of ``ops/gemv``; off by default until that kernel beats norm + cuBLAS:
+    measured on an H200 it streams the weight at 63-84% of cuBLAS's rate) or ``none`` (one launch per op)."""
+    mode = os.environ.get("SSMSPEC_DECODE_FUSION", "conv_ssm")
+    if mode not in DECODE_FUSIONS:
+        raise ValueError(f"SSMSPEC_DECODE_FUSION must be one of {DECODE_FUSIONS}, got {mode!r}")
+    return mode

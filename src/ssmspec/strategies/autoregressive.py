@@ -1,6 +1,6 @@
 """`autoregressive`: the baseline. One state per sequence and layer, updated in place token by token
 (seed 000, Alg. 1); no speculation. On the Triton backend a one-token call runs the mixer's conv and SSM update in
-one launch (``ops.conv_ssm_update``); several tokens, and the reference backend, take the conv update then one
+one launch (``ops.conv_ssm_update``; ``SSMSPEC_DECODE_FUSION=none`` turns it off, ``ops.dispatch.decode_fusion``); several tokens, and the reference backend, take the conv update then one
 ``selective_state_update`` per token. Gated DeltaNet mixers: the recurrent update (``ops.gdn.gdn_multistep``, the
 delta-rule state in place) token after token."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torch import Tensor
 from ssmspec.models.config import ModelConfig
 from ssmspec.ops.causal_conv1d import causal_conv1d_update
 from ssmspec.ops.conv_ssm_update import conv_ssm_update
-from ssmspec.ops.dispatch import use_triton
+from ssmspec.ops.dispatch import decode_fusion, use_triton
 from ssmspec.ops.gdn import gdn_multistep
 from ssmspec.ops.selective_state_update import selective_state_update
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
@@ -29,7 +29,7 @@ class Autoregressive(StrategyBase):
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Feed the call's L tokens one after another into the state (L = 1 in standard decoding)."""
         conv_state, ssm_state = self.conv_state[p.index], self.ssm_state[p.index]
-        if inp.xbc.shape[1] == 1 and use_triton(inp.xbc, conv_state, ssm_state):
+        if inp.xbc.shape[1] == 1 and decode_fusion() != "none" and use_triton(inp.xbc, conv_state, ssm_state):
             y = conv_ssm_update(inp.xbc[:, 0], conv_state, p.conv_weight, p.conv_bias, ssm_state, inp.dt[:, 0], p.A,
                                 p.D, p.dt_bias, heads=p.heads, head_dim=p.head_dim, groups=p.groups,
                                 state_size=p.state_size, dt_limit=p.dt_limit, activation=p.activation,
