@@ -60,6 +60,7 @@ def calls(monkeypatch):
 
 def _decode(model, prompts, new, backend, monkeypatch):
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", backend)
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "conv_ssm")  # opt-in (ops.dispatch.decode_fusion)
     rec = _LogitRecorder()
     out = generate(model, prompts, max_new_tokens=new, strategy="autoregressive", verifier=rec, timing=False,
                    cuda_graph=False)
