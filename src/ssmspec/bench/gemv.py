@@ -1,4 +1,6 @@
-"""Benchmark of the decode GEMVs (``ops/gemv``): ``decode_gemv``.
+"""Benchmark of the decode kernels of issue 26: ``decode_kernels``. Rows of kind ``gemv`` (the decode GEMVs of
+``ops/gemv``, below) and of kind ``conv_ssm`` (one Mamba-2 mixer's decode conv + SSM update: fused, our two
+kernels, causal-conv1d + mamba_ssm's two; ``bench/conv_ssm.py``), one per (model, batch, impl).
 
 For every projection of a model preset's blocks (``layer_shapes``: Mamba-2 in_proj after the block's norm and
 out_proj after the gated norm; attention q / k / v and the MLP's up_proj after the block's norm, o_proj and
@@ -88,18 +90,41 @@ def _block_config(N: int, K: int) -> str:
     return str(_config(N, K, _sm_count(torch.device("cuda"))))
 
 
-def run_decode_gemv(cfg: DictConfig) -> Iterator[dict]:
-    """Rows for every preset x layer x M x impl of the grid (module doc)."""
+def run_decode_kernels(cfg: DictConfig) -> Iterator[dict]:
+    """Rows for every preset x layer x M x impl of the GEMV grid, then every preset x batch x impl of the conv +
+    SSM grid (module doc)."""
     b = cfg.bench
     bad = [m for m in b.rows if not 1 <= int(m) <= 16]
     if bad:
-        raise ValueError(f"decode_gemv: bench.rows must lie in 1..16 (the GEMV kernel's rows), got {bad}")
+        raise ValueError(f"decode_kernels: bench.rows must lie in 1..16 (the GEMV kernel's rows), got {bad}")
+    batches = [int(x) for x in b.get("conv_ssm_batch") or []]
+    if any(x < 1 for x in batches):
+        raise ValueError(f"decode_kernels: bench.conv_ssm_batch needs batch sizes >= 1, got {batches}")
     ctx = Ctx(cfg)
     for preset in b.models:
         for shape in layer_shapes(str(preset)):
             for m in b.rows:
-                yield from _point(ctx, str(preset), shape, int(m), str(b.get("backend", "auto")))
+                yield from ({"kind": "gemv", **r} for r in _point(ctx, str(preset), shape, int(m),
+                                                                    str(b.get("backend", "auto"))))
                 ctx.sync()
+    for preset in b.models:
+        if "M" not in load_preset(str(preset)).pattern:
+            continue
+        for bsz in batches:
+            yield from conv_ssm_rows(ctx, str(preset), bsz, int(b.warmup), int(b.iters))
+
+
+def conv_ssm_rows(ctx: Ctx, preset: str, bsz: int, warmup: int, iters: int) -> Iterator[dict]:
+    """One row per impl of ``bench.conv_ssm.time_conv_ssm`` at (preset, batch); speedups on the fused row."""
+    from ssmspec.bench.conv_ssm import time_conv_ssm
+
+    t = time_conv_ssm(preset, bsz, device=str(ctx.device), dtype=ctx.dtype, warmup=max(warmup, 1), iters=iters)
+    head = {k: t[k] for k in ("model", "batch", "H", "P", "N", "G", "W", "rot", "bytes", "dtype", "timing")}
+    for impl in ("fused", "unfused", "mamba_ssm"):
+        row = {"kind": "conv_ssm", **head, "impl": impl, **t[impl]}
+        if impl == "fused":
+            row.update({k: t[k] for k in ("speedup_vs_unfused", "speedup_vs_mamba_ssm") if k in t})
+        yield row
 
 
 def _point(ctx: Ctx, preset: str, shape: dict, m: int, backend: str) -> Iterator[dict]:
