@@ -51,7 +51,7 @@ from collections.abc import Iterator
 from omegaconf import DictConfig
 
 from ssmspec.bench.inputs import track
-from ssmspec.bench.saguaro_e2e import (ASYNC_DRAFT, ASYNC_NGRAM, SETS, SYNC, SYNC_PNG, check_common, fit_fanout,
+from ssmspec.bench.saguaro_e2e import (ASYNC_DRAFT, ASYNC_NGRAM, SYNC, SYNC_PNG, check_common, fit_fanout,
                                        make_point, set_points, time_line)
 from ssmspec.drafting import saguaro_topology as topo
 
@@ -137,10 +137,7 @@ def summary_row(choices: list[dict], lines: list[dict], head: dict) -> dict:
 def run_backoff(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``saguaro_fig6_backoff`` (module doc)."""
     b = cfg.bench
-    sizes = check_common(b, "saguaro_fig6_backoff")
-    sets = [str(s) for s in b.sets]
-    if not sets or set(sets) - set(SETS):
-        raise ValueError(f"saguaro_fig6_backoff: bench.sets lists prompt sets of {list(SETS)}, got {sets}")
+    sizes, sets = check_common(b, "saguaro_fig6_backoff")
     S = int(b.S)
     for base, run in set_points(cfg, "saguaro_fig6_backoff", sets):
         if run is None:

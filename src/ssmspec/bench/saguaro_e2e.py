@@ -101,8 +101,9 @@ E2E_LINES = (AR, SYNC, ASYNC_DRAFT, ASYNC_NGRAM)
 
 
 # checks -------------------------------------------------------------------------------------------------------
-def check_common(b: DictConfig, what: str) -> list[int]:
-    """One ValueError naming the fix for settings that cannot run, before anything trains; returns the batches."""
+def check_common(b: DictConfig, what: str) -> tuple[list[int], list[str]]:
+    """One ValueError naming the fix for settings that cannot run, before anything trains; returns the batches
+    and the prompt sets."""
     sizes = [int(x) for x in b.batch] if b.batch is not None else []
     if not sizes or min(sizes) < 1:
         raise ValueError(f"{what}: bench.batch needs a non-empty list of batch sizes >= 1, got {sizes}; e.g. "
@@ -122,7 +123,10 @@ def check_common(b: DictConfig, what: str) -> list[int]:
         raise ValueError(f"{what}: bench.temperature needs at least one temperature, e.g. [0.0]")
     fanout_spec(b)
     draft_devices(b)
-    return sizes
+    sets = [str(s) for s in b.sets]
+    if not sets or set(sets) - set(SETS):
+        raise ValueError(f"{what}: bench.sets lists prompt sets of {list(SETS)}, got {sets}")
+    return sizes, sets
 
 
 def draft_devices(b: DictConfig) -> list[str]:
@@ -340,10 +344,7 @@ def set_points(cfg: DictConfig, what: str, sets: list[str]) -> Iterator[tuple[di
 def run_e2e(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``saguaro_e2e`` (module doc): one row per set, temperature, batch and line."""
     b = cfg.bench
-    sizes = check_common(b, "saguaro_e2e")
-    sets = [str(s) for s in b.sets]
-    if not sets or set(sets) - set(SETS):
-        raise ValueError(f"saguaro_e2e: bench.sets lists prompt sets of {list(SETS)}, got {sets}")
+    sizes, sets = check_common(b, "saguaro_e2e")
     for base, run in set_points(cfg, "saguaro_e2e", sets):
         base["kind"] = "e2e"
         if run is None:
