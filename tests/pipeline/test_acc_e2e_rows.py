@@ -144,3 +144,18 @@ def test_cost_model_bad_measured_settings_are_one_error_line(cli, tmp_path, trai
                          f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err and err.count("error:") == 1, err  # (training bars aside)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["bench.trained.family=[qwen3_5]"], "trains no 'qwen3_5' pair"),
+    (['bench.trained.train_overrides=["tokenizer.vocab_sise=300"]'], "overrides are key=value with keys of"),
+    (["bench.trained.data={name: gsm9k}"], "names no data config"),
+])
+def test_bad_trained_settings_fail_before_anything_runs(cli, tmp_path, extra, message):
+    """A trained block that cannot run is one error line before any row is measured and before any pair trains:
+    the (fresh) train cache stays empty."""
+    cache = tmp_path / "cache"
+    status, _, err = cli("run", *FIG8, f"bench.trained.cache_dir={cache}", *extra, f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and message in err and err.count("error:") == 1, err
+    assert not (tmp_path / "run").exists()
+    assert not cache.exists() or not any(cache.iterdir())

@@ -83,22 +83,29 @@ def families(b: DictConfig) -> list[str]:
     return out
 
 
-def train_run(b: DictConfig):
-    """The train run ``bench.train`` (with ``bench.train_overrides``), trained first when not cached; every family
-    of ``bench.family`` checked against it before anything is measured."""
+def train_config(b: DictConfig) -> dict:
+    """The composed train run ``bench.train`` (with ``bench.train_overrides``), every family of ``bench.family``
+    checked against its models: a bad run, override or family fails here, before anything trains."""
     from ssmspec.train.command import compose_train
-    from ssmspec.train.run import train_pairs
 
     overrides = [str(o) for o in b.get("train_overrides") or []]
     overrides += [f"cache_dir={b.cache_dir}"] if b.get("cache_dir") else []
-    with torch.enable_grad():  # the runner calls benches under no_grad; training needs gradients
-        result = train_pairs(compose_train(str(b.train), overrides))
-    targets = {s["family"] for s in result.manifest["models"].values() if s["role"] == "target"}
+    config = compose_train(str(b.train), overrides)
+    trained = sorted(config.get("models") or {})
     for family in families(b):
-        if family not in targets:
-            raise ValueError(f"train run {b.train!r} trained no {family!r} pair (families: {sorted(targets)}); set "
+        if family not in trained:
+            raise ValueError(f"train run {b.train!r} trains no {family!r} pair (families: {trained}); set "
                              f"bench.family to one or more of them")
-    return result
+    return config
+
+
+def train_run(b: DictConfig):
+    """The train run ``bench.train`` (``train_config``, checked first), trained when not cached."""
+    from ssmspec.train.run import train_pairs
+
+    config = train_config(b)
+    with torch.enable_grad():  # the runner calls benches under no_grad; training needs gradients
+        return train_pairs(config)
 
 
 def pair_info(b: DictConfig, family: str, result) -> tuple[dict, Path, Path]:

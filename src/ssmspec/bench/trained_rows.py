@@ -91,8 +91,23 @@ def trained_configs(cfg: DictConfig) -> Iterator[tuple[DictConfig, dict]]:
             yield sub, cols
 
 
+def check_trained(cfg: DictConfig) -> None:
+    """``bench.trained``'s train runs (every variant's overrides, its families) and data config, checked before
+    any row is measured or any pair trains: one ValueError naming the fix."""
+    from ssmspec.bench.trained import train_config
+
+    t = cfg.bench.get("trained")
+    if not t:
+        return
+    for variant in [dict(v) for v in t.get("variants") or []] or [None]:
+        train_config(_train_block(t, variant))
+    if t.get("data"):
+        data_config(t.data)
+
+
 def rows(bench: Callable[[DictConfig], Iterable[dict]], cfg: DictConfig) -> Iterator[dict]:
     """The bench's rows on ``cfg``, then (with ``bench.trained``) its rows on every trained pair."""
+    check_trained(cfg)
     t = cfg.bench.get("trained")
     own = "checkpoint" if cfg.get("checkpoint") else "random"
     if not (t and t.get("only")):
