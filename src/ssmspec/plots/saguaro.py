@@ -20,6 +20,14 @@ from ssmspec.plots.style import ok_rows, provenance
 _STYLE = {"uniform": ("#4c72b0", "o"), "geometric": ("#dd8452", "s"), "optimal": ("#55a868", "^")}
 
 
+def save(fig, out: Path, title: str, top: float) -> None:
+    """Every seed 002 figure's ending: the title (fontsize 8) above the panels, which fill up to ``top``."""
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def _pair_line(df: pd.DataFrame) -> str:
     r = df.iloc[0]
     return (f"MEASURED acceptance: trained pair {r['target']} / {r['draft']} (train run {r['train_run']} "
@@ -46,11 +54,8 @@ def plot_fanout(df: pd.DataFrame, out: Path) -> None:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="fan-out", title_fontsize=8)
-    fig.suptitle(f"Saguaro Fig. 4: speculation-cache hit rate by fan-out topology (MEASURED)\n{_pair_line(d)}; "
-                 f"fitted on half the prompts, scored on the other half\n{provenance(df)}", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.84))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out, f"Saguaro Fig. 4: speculation-cache hit rate by fan-out topology (MEASURED)\n{_pair_line(d)}; "
+         f"fitted on half the prompts, scored on the other half\n{provenance(df)}", 0.84)
 
 
 def plot_residual(df: pd.DataFrame, out: Path) -> None:
@@ -77,7 +82,4 @@ def plot_residual(df: pd.DataFrame, out: Path) -> None:
         ax.invert_xaxis()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"Saguaro Fig. 5: residual scaling (MEASURED)\n{_pair_line(d)}\n{provenance(df)}", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.84))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, out, f"Saguaro Fig. 5: residual scaling (MEASURED)\n{_pair_line(d)}\n{provenance(df)}", 0.84)

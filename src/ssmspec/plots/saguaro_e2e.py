@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ssmspec.plots.saguaro import save
 from ssmspec.plots.style import ok_rows, provenance
 
 _STYLE = {"autoregressive": ("#555555", "o", "-"), "sync draft_model": ("#4c72b0", "s", "-"),
@@ -58,13 +59,6 @@ def _batch_axis(ax, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _save(fig, out: Path, title: str, top: float) -> None:
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, top))
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-
-
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
     """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (set, T)."""
     d = ok_rows(df)
@@ -88,7 +82,7 @@ def plot_e2e(df: pd.DataFrame, out: Path) -> None:
         top.set_title(f"{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
         _batch_axis(top, "emitted tokens/s")
         _batch_axis(low, "async / sync tokens/s (solid); hit rate (dotted)")
-    _save(fig, out, f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
+    save(fig, out, f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
           f"{_pair_line(d)}\n{provenance(df)}", 0.92)
 
 
@@ -124,5 +118,5 @@ def plot_backoff(df: pd.DataFrame, out: Path) -> None:
                     f"{'none' if pd.isna(cross) else int(cross)}: {'AGREE' if r['agree'] else 'DISAGREE'}")
         ax.set_title(f"{name}, T = {T:g}: {note}\n{_fanout_note(p)}", fontsize=8)
         _batch_axis(ax, "emitted tokens/s")
-    _save(fig, out, f"Saguaro Fig. 6: batch-size-aware backoff (slow draft backup vs n-gram backup) (MEASURED)\n"
+    save(fig, out, f"Saguaro Fig. 6: batch-size-aware backoff (slow draft backup vs n-gram backup) (MEASURED)\n"
           f"{_pair_line(lines if len(lines) else d)}\n{provenance(df)}", 0.9)
