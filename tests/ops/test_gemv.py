@@ -88,6 +88,30 @@ def test_gated_norm_linear(rows, dtype, group_size, device):
     assert_close(out_k, out_r, TOL[dtype], "out")
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_split_k_slices_meet_in_one_launch(split, monkeypatch):
+    """K in 1 or 3 slices (the interpreter's default is 2, above): every op equals its twin, the slices of one
+    group of the gated norm straddle a slice boundary (groups of 35, slices of 32), the counters are left at zero
+    for the next launch, and a second launch gives the same bits (the slices are summed in slice order)."""
+    import ssmspec.ops.gemv.triton as T
+    monkeypatch.setattr(T, "_INTERPRET_SPLIT", split)
+    dev, dt = "cpu", torch.float32
+    x = _poisoned_slice(3, 1, K_ODD, dtype=dt, device=dev, seed=0)
+    z = _randn(3, 1, K_ODD, dtype=dt, device=dev, seed=1)
+    res = _randn(3, 1, K_ODD, dtype=dt, device=dev, seed=2, scale=3.0)
+    nw = _randn(K_ODD, dtype=dt, device=dev, seed=3, scale=0.2) + 1
+    w, b = _linear(N_ODD, K_ODD, dt, dev, bias=True)
+    calls = [lambda be: linear_small(x, w, b, backend=be),
+             lambda be: add_rms_norm_linear(x, res, nw, w, b, eps=1e-5, backend=be)[0],
+             lambda be: gated_norm_linear(x, z, nw, w, b, group_size=35, eps=1e-5, backend=be)]
+    for call in calls:
+        first = call("triton")
+        assert_close(first, call("reference"), TOL[dt], "out")
+        assert torch.equal(call("triton"), first)
+    counters = [c for (d, ptr, _), c in T._COUNTERS.items() if ptr == w.data_ptr()]
+    assert len(counters) == (split > 1) and all(int(c.abs().sum()) == 0 for c in counters)
+
+
 def test_twins_are_the_unfused_ops():
     x, res = _randn(2, 1, 24, dtype=torch.float64, device="cpu", seed=0), _randn(2, 1, 24, dtype=torch.float64,
                                                                                    device="cpu", seed=1)

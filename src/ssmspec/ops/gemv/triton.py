@@ -1,10 +1,14 @@
 """One Triton kernel for the decode GEMVs of a block, with the norm that precedes them in its prologue.
 
 ``_norm_gemv_kernel``: out (M, N) = h (M, K) @ W (N, K)^T (+ bias) for M <= 16 rows, one launch a call.
-The grid covers N in blocks of BLOCK_N output rows; every program walks ALL of K in BLOCK_K chunks and keeps
-an fp32 accumulator (BLOCK_N, 16) for every row of h, so W is read exactly once and there is no split-K (no
-second reduce launch, which cuBLAS adds at these shapes). The product is one ``tl.dot`` a chunk with W as the
-left operand ("swap AB": the weight rows fill the MMA's M side, the few rows of h its 16-wide N side).
+The grid is (column blocks of BLOCK_N output rows) x (SPLIT slices of K); every program walks its slice in
+BLOCK_K chunks and keeps an fp32 accumulator (BLOCK_N, 16) for every row of h, so W is read exactly once. The
+product is one ``tl.dot`` a chunk with W as the left operand ("swap AB": the weight rows fill the MMA's M side,
+the few rows of h its 16-wide N side). With SPLIT > 1 (too few column blocks to fill the GPU) the slices meet in
+the same launch, not in a second reduce launch as cuBLAS's split-K: each program stores its partial (fp32, to
+L2), then one acq_rel atomic on its column block's counter; the program that arrives last sums the SPLIT
+partials in slice order (so the result does not depend on the arrival order), writes the output and sets the
+counter back to zero. The counters are per weight and kept for the process (``_counters``).
 
 h is made on the fly from what the block has, chunk by chunk (``NORM``):
 - 0: h = x (``linear_small``);
@@ -39,6 +43,7 @@ from ssmspec.ops.triton_common import check_float, dummy, silu
 
 _BLOCK_M = MAX_M  # the accumulator holds every row of h: the MMA N side, 16 wide
 _INTERPRET_BLOCKS = dict(BLOCK_N=16, BLOCK_K=32)
+_INTERPRET_SPLIT = 2  # K slices under the interpreter (tests set 1 and 3 too)
 
 
 @triton.jit
@@ -58,12 +63,15 @@ def _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row,
 
 
 @triton.jit
-def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr,
-                      M, N, K, group_size, eps, x_row, r_row, z_row, w_row, o_row, ro_row,
+def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, part_ptr, cnt_ptr,
+                      M, N, K, k_split, group_size, eps, x_row, r_row, z_row, w_row, o_row, ro_row,
                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr,
-                      HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid = tl.program_id(0)
+    pid_k = tl.program_id(1)  # which of the SPLIT slices of K, each k_split channels (a multiple of BLOCK_K)
+    ks0 = pid_k * k_split
+    ks1 = tl.minimum(ks0 + k_split, K)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) output columns of this program
     rm = tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows of x
     n_mask, m_mask = rn < N, rm < M
@@ -71,7 +79,8 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
     RES_TY: tl.constexpr = res_out_ptr.dtype.element_ty
     X_TY: tl.constexpr = x_ptr.dtype.element_ty
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for g0 in range(0, K, group_size):  # one group (all of K) unless NORM == 2
+    g_first = (ks0 // group_size) * group_size
+    for g0 in range(g_first, ks1, group_size):  # the groups this slice touches: one (all of K) unless NORM == 2
         g_end = tl.minimum(g0 + group_size, K)
         rstd = tl.zeros((BLOCK_M,), dtype=tl.float32)
         if NORM != 0:  # first pass: sum of squares of the pre-norm rows over the group, (BLOCK_M,)
@@ -81,15 +90,17 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
                 mask = m_mask[:, None] & (rk < g_end)[None, :]
                 s = _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row, NORM, HAS_RESIDUAL, RES_TY)
                 if STORE_RESIDUAL:
-                    if pid == 0:  # the new residual stream, written once
+                    if (pid == 0) & (pid_k == 0):  # the new residual stream, written once
                         tl.store(res_out_ptr + rm[:, None] * ro_row + rk[None, :], s.to(RES_TY), mask=mask)
                 if NORM == 1:  # the norm reads the residual sum in its weight's dtype
                     s = s.to(W_TY).to(tl.float32)
                 sq += tl.sum(s * s, axis=1)
             rstd = 1.0 / tl.sqrt(sq / (g_end - g0) + eps)
-        for k0 in range(g0, g_end, BLOCK_K):  # the GEMV over the group's channels
+        k_lo = tl.maximum(g0, ks0)
+        k_hi = tl.minimum(g_end, ks1)
+        for k0 in range(k_lo, k_hi, BLOCK_K):  # the GEMV over the group's channels in this slice
             rk = k0 + tl.arange(0, BLOCK_K)
-            k_mask = rk < g_end
+            k_mask = rk < k_hi
             mask = m_mask[:, None] & k_mask[None, :]
             h = _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row, NORM, HAS_RESIDUAL, RES_TY)
             if NORM == 1:
@@ -106,6 +117,22 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
                 acc += tl.dot(w.to(tl.float32), tl.trans(h.to(tl.float32)), input_precision="ieee")  # (BLOCK_N, BLOCK_M)
             else:
                 acc += tl.dot(w, tl.trans(h))
+    if SPLIT > 1:  # the slices meet in one launch: partials to L2, the block's last program sums them
+        part = part_ptr + rn[:, None] * BLOCK_M + rm[None, :]  # (BLOCK_N, BLOCK_M) of slice pid_k
+        tl.store(part + pid_k * N * BLOCK_M, acc, mask=n_mask[:, None])
+        if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:  # every other slice has stored
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in range(SPLIT):  # in slice order: the sum does not depend on which slice came last
+                acc += tl.load(part + s * N * BLOCK_M, mask=n_mask[:, None], other=0.0, cache_modifier=".cg")
+            tl.store(cnt_ptr + pid, 0)  # left at zero for the next launch
+            _epilogue(acc, b_ptr, out_ptr, rn, rm, n_mask, m_mask, o_row, W_TY, HAS_BIAS)
+    else:
+        _epilogue(acc, b_ptr, out_ptr, rn, rm, n_mask, m_mask, o_row, W_TY, HAS_BIAS)
+
+
+@triton.jit
+def _epilogue(acc, b_ptr, out_ptr, rn, rm, n_mask, m_mask, o_row, W_TY: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """(+ bias), rounded as F.linear's output, stored transposed: acc is (BLOCK_N, BLOCK_M)."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     out_ty = out_ptr.dtype.element_ty
@@ -119,11 +146,21 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _config(N: int, K: int, sms: int) -> dict:
-    """Blocks and warps by rule, not autotuned (a tuner compiled every config for every (M, N, K) a model decodes
-    with: minutes per run). BLOCK_N 32, BLOCK_K 512, 4 warps, 3 stages: the best of 24 configs swept at M = 1 on
-    an H200 for both the 10576 x 2560 in_proj and the 2560 x 5120 out_proj of mamba2-2.7b (2.5 and 2.0 TB/s,
-    against cuBLAS's 3.2 and 2.3); BLOCK_K no wider than K needs. ``N`` and ``sms`` are kept for rules to come."""
-    return {"BLOCK_N": 32, "BLOCK_K": min(512, max(triton.next_power_of_2(K), 64)), "num_warps": 4, "num_stages": 3}
+    """Blocks, K slices and warps by rule, not autotuned (a tuner compiled every config for every (M, N, K) a model
+    decodes with: minutes per run). BLOCK_N 32, BLOCK_K 512, 4 warps, 3 stages: the best of 24 configs swept at
+    M = 1 on an H200 for both the 10576 x 2560 in_proj and the 2560 x 5120 out_proj of mamba2-2.7b (2.5 and 2.0
+    TB/s, against cuBLAS's 3.2 and 2.3), both without slices. SPLIT: slices of K (each a multiple of BLOCK_K) so
+    that the launch has about two programs per SM when the column blocks alone are fewer (out_proj: 80 blocks
+    on 132 SMs), summed in the same launch by each column block's last program."""
+    bn, bk = 32, min(512, max(triton.next_power_of_2(K), 64))
+    blocks = triton.cdiv(N, bn)
+    split = max(1, min(triton.cdiv(2 * sms, blocks), triton.cdiv(K, bk), 8))
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": 4, "num_stages": 3}
+
+
+def _interpret_config(K: int) -> dict:
+    """The interpreter's small blocks; K in up to ``_INTERPRET_SPLIT`` slices so the tests run the split-K sum."""
+    return {**_INTERPRET_BLOCKS, "SPLIT": max(1, min(_INTERPRET_SPLIT, triton.cdiv(K, _INTERPRET_BLOCKS["BLOCK_K"])))}
 
 
 def _rows(t: Tensor, k: int, name: str) -> Tensor:
@@ -155,21 +192,38 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, h_dtype: torch.dtype)
     return M, N, K
 
 
+_COUNTERS: dict[tuple, Tensor] = {}  # (device, weight's address, column blocks) -> int32 zeros each launch leaves zero
+
+
+def _counters(weight: Tensor, blocks: int) -> Tensor:
+    """The split-K arrival counters of one weight: kept for the process (a captured graph holds their address,
+    so they are never freed). Calls on one weight never overlap: a model runs its layers in order, one call at a
+    time, and the draft and the target (two streams) have weights of their own."""
+    key = (weight.device, weight.data_ptr(), blocks)
+    cnt = _COUNTERS.get(key)
+    if cnt is None:
+        cnt = _COUNTERS[key] = torch.zeros(blocks, dtype=torch.int32, device=weight.device)
+    return cnt
+
+
 def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, eps, norm, store):
+    if M == 0:
+        return
+    cfg = (_interpret_config(K) if interpret_mode() or not x2.is_cuda else _config(N, K, _sm_count(x2.device))).copy()
+    split = cfg.pop("SPLIT")
+    k_split = triton.cdiv(triton.cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]  # whole chunks per slice
+    split = triton.cdiv(K, k_split)  # no empty slice
+    blocks = triton.cdiv(N, cfg["BLOCK_N"])
+    part = torch.empty((split, N, _BLOCK_M), dtype=torch.float32, device=x2.device) if split > 1 else dummy(x2)
+    cnt = _counters(weight, blocks) if split > 1 else dummy(x2)
     args = (x2, r2 if r2 is not None else dummy(x2), z2 if z2 is not None else dummy(x2),
             nw if nw is not None else dummy(weight), weight, bias if bias is not None else dummy(weight), out,
-            res_out if store else dummy(x2), M, N, K, group_size, float(eps), x2.stride(0),
+            res_out if store else dummy(x2), part, cnt, M, N, K, k_split, group_size, float(eps), x2.stride(0),
             r2.stride(0) if r2 is not None else 0, z2.stride(0) if z2 is not None else 0, weight.stride(0),
             out.stride(0), res_out.stride(0) if store else 0)
     flags = dict(NORM=norm, HAS_RESIDUAL=r2 is not None, STORE_RESIDUAL=store, HAS_BIAS=bias is not None,
-                 IEEE=weight.dtype == torch.float32 or not x2.is_cuda, BLOCK_M=_BLOCK_M)
-    if M == 0:
-        return
-    if interpret_mode() or not x2.is_cuda:
-        _norm_gemv_kernel[(triton.cdiv(N, _INTERPRET_BLOCKS["BLOCK_N"]),)](*args, **flags, **_INTERPRET_BLOCKS)
-    else:
-        cfg = _config(N, K, _sm_count(x2.device))
-        _norm_gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]),)](*args, **flags, **cfg)
+                 IEEE=weight.dtype == torch.float32 or not x2.is_cuda, BLOCK_M=_BLOCK_M, SPLIT=split)
+    _norm_gemv_kernel[(blocks, split)](*args, **flags, **cfg)
 
 
 def linear_small_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
