@@ -191,13 +191,15 @@ def test_real_sizes(m, sizes, device):
         assert_close(linear_small(a, w, backend="triton"), F.linear(a, w), tol, f"({n}, {k})")
 
 
+@pytest.mark.parametrize("fusion", ["all", "gemv"])
 @pytest.mark.parametrize("preset,new", [pytest.param("tiny-mamba2", 2, id="tiny-mamba2-prefill-decode"),
                                         pytest.param("tiny-hybrid", 0, id="tiny-hybrid-prefill")])
-def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
-    """A model on the Triton backend (the interpreter on CPU) at a few rows takes the fused path -- norm + in_proj,
-    gated norm + out_proj, and (tiny-hybrid) the attention's q/k/v and the MLP's up_proj -- and gives the logits
-    of the unfused path (the norm kernels then F.linear) up to fp32 rounding: a 5-token prefill, and (``new``)
-    greedy decode steps (every strategy's decode on these kernels: tests/strategies/test_kernels_wired.py)."""
+def test_model_fused_decode_equals_unfused(preset, new, fusion, monkeypatch):
+    """A model on the Triton backend (the interpreter on CPU) at a few rows takes the decode GEMVs -- with
+    ``all`` the fused forms: norm + in_proj, gated norm + out_proj, and (tiny-hybrid) the attention's q/k/v and
+    the MLP's up_proj; with ``gemv`` the plain GEMV for every projection, the norms their own launches -- and gives
+    the logits of the cuBLAS path (the norm kernels then F.linear) up to fp32 rounding: a 5-token prefill, and
+    (``new``) greedy decode steps (every strategy's decode on these kernels: tests/strategies/test_kernels_wired.py)."""
     from model_forward import parallel_logits
 
     import ssmspec.ops.gemv.triton as gemv_triton
@@ -207,9 +209,9 @@ def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
     from ssmspec.models.model import build_model
 
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
-    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "all")  # the norm + GEMV fusion is opt-in (ops.dispatch)
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", fusion)  # every decode kernel is opt-in (ops.dispatch)
     calls: dict[str, int] = {}
-    for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton"):
+    for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton", "linear_small_triton"):
         def spy(*a, _orig=getattr(gemv_triton, fn), _fn=fn, **k):
             calls[_fn] = calls.get(_fn, 0) + 1
             return _orig(*a, **k)
@@ -227,25 +229,37 @@ def test_model_fused_decode_equals_unfused(preset, new, monkeypatch):
     fused, seq_fused, fused_calls = run()
     monkeypatch.setattr(layers, "DECODE_ROWS", 0)  # nothing is small enough: the unfused path
     unfused, seq_unfused, unfused_calls = run()
-    n_mamba = model.cfg.pattern.count("M")
+    n_mamba, n_layers = model.cfg.pattern.count("M"), len(model.cfg.pattern)
     assert unfused_calls == {}
     steps = 1 + new  # the parallel prefill, then generate: its prefill gives the first token, a decode step each next
-    assert fused_calls["gated_norm_linear_triton"] == steps * n_mamba
-    assert fused_calls["add_rms_norm_linear_triton"] >= steps * n_mamba
+    if fusion == "all":
+        assert fused_calls["gated_norm_linear_triton"] == steps * n_mamba
+        assert fused_calls["add_rms_norm_linear_triton"] >= steps * n_mamba
+        assert fused_calls["linear_small_triton"] >= steps  # the LM head (and o_proj, down_proj)
+    else:  # every projection of every block (in and out at least) and the LM head, no fused form
+        assert set(fused_calls) == {"linear_small_triton"}
+        assert fused_calls["linear_small_triton"] >= steps * (2 * n_layers + 1)
     torch.testing.assert_close(fused, unfused, atol=2e-5, rtol=2e-5)
     assert seq_fused == seq_unfused
 
 
-def test_norm_gemv_fusion_is_opt_in(monkeypatch):
-    """The models take the fused norm + GEMV only with SSMSPEC_DECODE_FUSION=all; a bad value is one error."""
+def test_decode_fusion_is_opt_in(monkeypatch):
+    """The models take the decode GEMVs only when SSMSPEC_DECODE_FUSION names them (``all``, or a list of parts);
+    a bad value is one error naming the choices."""
     from ssmspec.models import layers
+    from ssmspec.ops.dispatch import decode_fusion
 
     x, w = torch.randn(1, 8), torch.randn(4, 8)
+    lin = torch.nn.Linear(8, 4).requires_grad_(False)
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
     monkeypatch.delenv("SSMSPEC_DECODE_FUSION", raising=False)
-    assert not layers.fused_decode(x, w)
+    assert not layers.fused_decode(x, w) and decode_fusion() == frozenset()
     monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "all")
-    assert layers.fused_decode(x, w)
-    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "fast")
-    with pytest.raises(ValueError, match="SSMSPEC_DECODE_FUSION must be one of"):
-        layers.fused_decode(x, w)
+    assert layers.fused_decode(x, w) and decode_fusion() == {"conv_ssm", "gemv", "norm_gemv"}
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "gemv, conv_ssm")
+    assert not layers.fused_decode(x, w) and decode_fusion() == {"conv_ssm", "gemv"}
+    assert layers._decode_kernel("gemv", x, lin.weight)
+    for bad in ("fast", "gemv,fast", ","):
+        monkeypatch.setenv("SSMSPEC_DECODE_FUSION", bad)
+        with pytest.raises(ValueError, match="SSMSPEC_DECODE_FUSION must be none, all or a comma-separated list"):
+            layers.fused_decode(x, w)

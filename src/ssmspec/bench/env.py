@@ -2,7 +2,7 @@
 
 Keys: time (UTC, ISO 8601), host, platform, python, cpu_count, torch_threads, device (cpu | cuda), device_name,
 device_count, device_memory_gb, compute_capability, driver, cuda (torch's CUDA build), torch, triton,
-transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, and the
+transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, decode_fusion, and the
 provenance of ``ssmspec/provenance.py``: git_sha_from (git or SSMSPEC_GIT_SHA), source_hash (the hash of src/,
 conf/ and pyproject.toml as they ran), source_paths, source_commit (the commit with exactly that tree, checked
 where it ran, else None) and source_check (git | mismatch | unchecked).
@@ -78,6 +78,7 @@ def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") 
         **source,
         "weights": weights,
         "ops_backend": os.environ.get("SSMSPEC_OPS_BACKEND", "auto"),
+        "decode_fusion": os.environ.get("SSMSPEC_DECODE_FUSION", "none"),  # opt-in decode kernels (ops.dispatch)
     }
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
-from ssmspec.models.layers import _weight_key
+from ssmspec.models.layers import _weight_key, linear
 from ssmspec.ops.gdn import l2norm
 
 
@@ -139,7 +139,7 @@ class GDNMixer(nn.Module):
     def forward(self, h: Tensor, ctx) -> Tensor:
         c = self.cfg
         b, L, _ = h.shape
-        inp = GDNInputs(qkv=self.in_proj_qkv(h), b=self.in_proj_b(h), a=self.in_proj_a(h))
+        inp = GDNInputs(qkv=linear(h, self.in_proj_qkv), b=linear(h, self.in_proj_b), a=linear(h, self.in_proj_a))
         y = ctx.strategy.run_mixer(self.params(), inp, ctx.step)  # (B', L, H, P)
-        z = self.in_proj_z(h).view(b, L, c.gdn_v_heads, c.gdn_v_dim)
-        return self.out_proj(self.norm(y.to(h.dtype), z).reshape(b, L, -1))
+        z = linear(h, self.in_proj_z).view(b, L, c.gdn_v_heads, c.gdn_v_dim)
+        return linear(self.norm(y.to(h.dtype), z).reshape(b, L, -1), self.out_proj)

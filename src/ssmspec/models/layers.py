@@ -15,7 +15,7 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.rope import apply_rope, rope_cos_sin
 from ssmspec.ops.activation import relu_square
 from ssmspec.ops.dispatch import decode_fusion, use_triton
-from ssmspec.ops.gemv import add_rms_norm_linear, gated_norm_linear
+from ssmspec.ops.gemv import add_rms_norm_linear, gated_norm_linear, linear_small
 from ssmspec.ops.norm import add_rms_norm, gated_rms_norm
 
 DECODE_ROWS = 8  # most rows (B' x L) a call may have for the fused decode GEMVs (ops/gemv)
@@ -39,13 +39,12 @@ class RMSNorm(nn.Module):
         return add_rms_norm(x, residual, self.weight, eps=self.eps, residual_in_fp32=residual_in_fp32)
 
 
-def fused_decode(x: Tensor, *weights: Tensor) -> bool:
-    """Whether ``x`` (..., K) goes through the decode GEMVs of ``ops/gemv`` (the norm fused into the projection,
-    one launch, no split-K) instead of the norm then ``nn.Linear``: at most ``DECODE_ROWS`` rows, the Triton
-    backend in use for these tensors (never on the CPU reference path, which stays today's path bit for bit),
-    one dtype for all the weights, no gradient wanted (the kernels have no backward), and the fusion asked for
-    (``ops.dispatch.decode_fusion() == "all"``: off by default until the kernel beats norm + cuBLAS)."""
-    if decode_fusion() != "all":
+def _decode_kernel(part: str, x: Tensor, *weights: Tensor) -> bool:
+    """Whether ``x`` (..., K) takes the decode kernel ``part`` of ``ops.dispatch.decode_fusion``: the part asked
+    for (all opt-in), at most ``DECODE_ROWS`` rows, the Triton backend in use for these tensors (never on the CPU
+    reference path, which stays today's path bit for bit), one dtype for all the weights, and no gradient wanted
+    (the kernels have no backward)."""
+    if part not in decode_fusion():
         return False
     rows = x.numel() // max(x.shape[-1], 1)
     if rows > DECODE_ROWS or len({w.dtype for w in weights}) != 1:
@@ -53,6 +52,21 @@ def fused_decode(x: Tensor, *weights: Tensor) -> bool:
     if torch.is_grad_enabled() and any(w.requires_grad for w in weights):
         return False
     return use_triton(x, *weights)
+
+
+def fused_decode(x: Tensor, *weights: Tensor) -> bool:
+    """Whether ``x`` goes through the norm-fused decode GEMVs of ``ops/gemv`` (the norm in the projection's
+    prologue, one launch) instead of the norm then the projection: ``SSMSPEC_DECODE_FUSION`` names ``norm_gemv``
+    (``_decode_kernel``)."""
+    return _decode_kernel("norm_gemv", x, *weights)
+
+
+def linear(x: Tensor, layer: nn.Linear) -> Tensor:
+    """``layer(x)``; at decode with ``SSMSPEC_DECODE_FUSION`` naming ``gemv`` (``_decode_kernel``) the GEMV of
+    ``ops/gemv`` (one launch, no split-K reduce launch) instead of cuBLAS."""
+    if x.dtype == layer.weight.dtype and _decode_kernel("gemv", x, layer.weight):
+        return linear_small(x, layer.weight, layer.bias)
+    return layer(x)
 
 
 class PreNorm:
@@ -91,7 +105,7 @@ class PreNorm:
 
 def project(h: Tensor | PreNorm, layer: nn.Linear) -> Tensor:
     """layer(h) for a mixer's first projections: h the normed input, or a ``PreNorm`` at decode."""
-    return h.linear(layer) if isinstance(h, PreNorm) else layer(h)
+    return h.linear(layer) if isinstance(h, PreNorm) else linear(h, layer)
 
 
 class GatedRMSNorm(nn.Module):
@@ -111,7 +125,7 @@ class GatedRMSNorm(nn.Module):
         """layer(self(y, z)) (..., N); one launch at decode (``fused_decode``)."""
         if fused_decode(y, self.weight, layer.weight):
             return gated_norm_linear(y, z, self.weight, layer.weight, layer.bias, group_size=self.group_size, eps=self.eps)
-        return layer(self(y, z))
+        return linear(self(y, z), layer)
 
 
 def _weight_key(t: Tensor | None) -> tuple | None:
@@ -273,7 +287,7 @@ class Attention(nn.Module):
         out = out.reshape(b, L, -1)
         if gate is not None:
             out = out * torch.sigmoid(gate)
-        return self.o_proj(out)
+        return linear(out, self.o_proj)
 
 
 def _act(kind: str):
@@ -300,8 +314,8 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor | PreNorm, ctx=None) -> Tensor:
         if self.kind == "swiglu":
-            return self.down_proj(F.silu(project(x, self.gate_proj)) * project(x, self.up_proj))
-        return self.down_proj(relu_square(project(x, self.up_proj)))
+            return linear(F.silu(project(x, self.gate_proj)) * project(x, self.up_proj), self.down_proj)
+        return linear(relu_square(project(x, self.up_proj)), self.down_proj)
 
 
 class TopKRouter(nn.Module):

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ssmspec.models.config import ModelConfig
 from ssmspec.models.gdn import GDNMixer
-from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, PreNorm, QwenMoE, RMSNorm, fused_decode
+from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, PreNorm, QwenMoE, RMSNorm, fused_decode, linear
 from ssmspec.models.mil import MILMixer
 
 
@@ -115,7 +115,7 @@ class HybridLM(nn.Module):
 
     def logits(self, h: Tensor, *, fp32: bool = True) -> Tensor:
         """The LM head on hidden states h (..., d): logits (..., V) in fp32, or in the model dtype (``forward``)."""
-        logits = self.lm_head(h.to(self.lm_head.weight.dtype))
+        logits = linear(h.to(self.lm_head.weight.dtype), self.lm_head)
         return logits.float() if fp32 else logits
 
     @torch.no_grad()

@@ -44,17 +44,28 @@ def use_triton(*tensors: torch.Tensor | None, backend: str = "auto") -> bool:
     return True
 
 
-DECODE_FUSIONS = ("none", "conv_ssm", "all")
+DECODE_FUSIONS = ("conv_ssm", "gemv", "norm_gemv")  # the parts ``SSMSPEC_DECODE_FUSION`` may name
 
 
-def decode_fusion() -> str:
-    """Which decode fusions the Triton backend uses (``SSMSPEC_DECODE_FUSION``): ``none`` (default: one launch per
-    op), ``conv_ssm`` (a Mamba-2 layer's conv and single-token SSM update in one launch, ``ops/conv_ssm_update``)
-    or ``all`` (also the block's norms fused into the decode GEMVs of ``ops/gemv``). Both are opt-in: measured on
-    one H200 (throughput_ar, context 512, commit 32877ed) they are slower than the separate launches --
-    mamba2-2.7b at batch 1: 2.72 ms a step unfused, 2.79 with conv_ssm, 5.50 with all; at batch 4: 3.08, 3.39,
-    8.22 -- so they stay off until they beat them."""
-    mode = os.environ.get("SSMSPEC_DECODE_FUSION", "none")
-    if mode not in DECODE_FUSIONS:
-        raise ValueError(f"SSMSPEC_DECODE_FUSION must be one of {DECODE_FUSIONS}, got {mode!r}")
-    return mode
+def decode_fusion() -> frozenset[str]:
+    """Which decode kernels the Triton backend uses (``SSMSPEC_DECODE_FUSION``): ``none`` (the default: norm,
+    cuBLAS projection, conv and SSM update each their own launch), ``all``, or a comma-separated list of
+    - ``conv_ssm``: a Mamba-2 layer's conv and single-token SSM update in one launch (``ops/conv_ssm_update``);
+    - ``gemv``: the decode projections (a few rows) through ``ops/gemv``'s GEMV instead of cuBLAS;
+    - ``norm_gemv``: the block's norms fused into those GEMVs' prologue (implies ``gemv`` where a norm precedes).
+    All are opt-in until they beat the separate launches in ``throughput_ar``. Measured: at commit 32877ed (one
+    H200, context 512) mamba2-2.7b took 2.72 ms a step unfused, 2.79 with conv_ssm and 5.50 with the first
+    GEMV and its fused norms at batch 1; at 27285b5 (one H100, M = 1) the GEMV alone is within 2% of cuBLAS or
+    faster on all six projections of mamba2-2.7b and nemotron-h-4b, while its fused-norm forms take 1.8-3.2x norm +
+    cuBLAS (``decode_kernels`` keeps the per-kernel rows)."""
+    raw = os.environ.get("SSMSPEC_DECODE_FUSION", "none").strip()
+    if raw == "none":
+        return frozenset()
+    if raw == "all":
+        return frozenset(DECODE_FUSIONS)
+    parts = frozenset(p.strip() for p in raw.split(","))
+    bad = sorted(parts - set(DECODE_FUSIONS))
+    if bad or not parts:
+        raise ValueError(f"SSMSPEC_DECODE_FUSION must be none, all or a comma-separated list of "
+                         f"{', '.join(DECODE_FUSIONS)}; got {raw!r}")
+    return parts

@@ -30,7 +30,7 @@ class Autoregressive(StrategyBase):
     def mix(self, p: MambaParams, inp: MixerInputs, step: StepInputs) -> Tensor:
         """Feed the call's L tokens one after another into the state (L = 1 in standard decoding)."""
         conv_state, ssm_state = self.conv_state[p.index], self.ssm_state[p.index]
-        if inp.xbc.shape[1] == 1 and decode_fusion() != "none" and use_triton(inp.xbc, conv_state, ssm_state):
+        if inp.xbc.shape[1] == 1 and "conv_ssm" in decode_fusion() and use_triton(inp.xbc, conv_state, ssm_state):
             y = conv_ssm_update(inp.xbc[:, 0], conv_state, p.conv_weight, p.conv_bias, ssm_state, inp.dt[:, 0], p.A,
                                 p.D, p.dt_bias, heads=p.heads, head_dim=p.head_dim, groups=p.groups,
                                 state_size=p.state_size, dt_limit=p.dt_limit, activation=p.activation,

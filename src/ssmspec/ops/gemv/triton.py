@@ -22,9 +22,10 @@ dtype, then the weight dtype; the normed value rounded to the activation dtype; 
 the product (bf16 x bf16 products are exact in the fp32 accumulator, fp32 inputs use IEEE fp32 dots).
 
 Blocks by rule (``_config``), not autotuned (a tuner would compile every config for every shape a model
-decodes with). The interpreter runs one small config. The models use these kernels only with
-``SSMSPEC_DECODE_FUSION=all`` (``ops.dispatch.decode_fusion``): at M = 1 they stream the weight at 63-84% of
-cuBLAS's rate (H200), and a whole decode step with them is twice as slow as with norm + cuBLAS.
+decodes with). The interpreter runs one small config. The models use these kernels only when
+``SSMSPEC_DECODE_FUSION`` names them (``ops.dispatch.decode_fusion``): ``gemv`` (the plain GEMV: within 2% of
+cuBLAS or faster at M = 1 on one H100) and ``norm_gemv`` (the fused norms: 1.8-3.2x norm + cuBLAS, the prologue's
+loads of x, the residual and the norm weight are not pipelined with W's).
 """
 from __future__ import annotations
 
@@ -147,15 +148,15 @@ def _sm_count(device: torch.device) -> int:
 @functools.cache
 def _config(N: int, K: int, sms: int) -> dict:
     """Blocks, K slices and warps by rule, not autotuned (a tuner compiled every config for every (M, N, K) a model
-    decodes with: minutes per run). BLOCK_N 32, BLOCK_K 512, 4 warps, 3 stages: the best of 24 configs swept at
-    M = 1 on an H200 for both the 10576 x 2560 in_proj and the 2560 x 5120 out_proj of mamba2-2.7b (2.5 and 2.0
-    TB/s, against cuBLAS's 3.2 and 2.3), both without slices. SPLIT: slices of K (each a multiple of BLOCK_K) so
-    that the launch has about two programs per SM when the column blocks alone are fewer (out_proj: 80 blocks
-    on 132 SMs), summed in the same launch by each column block's last program."""
-    bn, bk = 32, min(512, max(triton.next_power_of_2(K), 64))
+    decodes with: minutes per run). From a sweep of 48 configs (BLOCK_N 16-64, BLOCK_K 256/512, SPLIT 1-8, 3/4
+    stages) at M = 1 and 4 on one H100, commit 27285b5, over the six projections of mamba2-2.7b and nemotron-h-4b:
+    BLOCK_N 64, BLOCK_K 256, 4 warps, 4 stages was the best or within 3% of it on every one; K in two slices was
+    best where the column blocks alone fill less than half the SMs (out_proj and down_proj: 40-48 blocks on 132
+    SMs), one slice elsewhere. So: as many slices as fit the SMs once (at most 8), one when the blocks fill them."""
+    bn, bk = 64, min(256, max(triton.next_power_of_2(K), 64))
     blocks = triton.cdiv(N, bn)
-    split = max(1, min(triton.cdiv(2 * sms, blocks), triton.cdiv(K, bk), 8))
-    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": 4, "num_stages": 3}
+    split = max(1, min(sms // blocks, triton.cdiv(K, bk), 8))
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": 4, "num_stages": 4}
 
 
 def _interpret_config(K: int) -> dict:
