@@ -244,8 +244,8 @@ def test_model_fused_decode_equals_unfused(preset, new, fusion, monkeypatch):
 
 
 def test_decode_fusion_is_opt_in(monkeypatch):
-    """The models take the decode GEMVs only when SSMSPEC_DECODE_FUSION names them (``all``, or a list of parts);
-    a bad value is one error naming the choices."""
+    """The models take the decode kernels SSMSPEC_DECODE_FUSION names (``all``, ``none`` or a list of parts; the
+    plain GEMV by default, the fused forms only when asked); a bad value is one error naming the choices."""
     from ssmspec.models import layers
     from ssmspec.ops.dispatch import decode_fusion
 
@@ -253,7 +253,10 @@ def test_decode_fusion_is_opt_in(monkeypatch):
     lin = torch.nn.Linear(8, 4).requires_grad_(False)
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
     monkeypatch.delenv("SSMSPEC_DECODE_FUSION", raising=False)
-    assert not layers.fused_decode(x, w) and decode_fusion() == frozenset()
+    assert not layers.fused_decode(x, w) and decode_fusion() == {"gemv"}
+    assert layers._decode_kernel("gemv", x, lin.weight)
+    monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "none")
+    assert not layers._decode_kernel("gemv", x, lin.weight) and decode_fusion() == frozenset()
     monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "all")
     assert layers.fused_decode(x, w) and decode_fusion() == {"conv_ssm", "gemv", "norm_gemv"}
     monkeypatch.setenv("SSMSPEC_DECODE_FUSION", "gemv, conv_ssm")

@@ -41,7 +41,7 @@ class RMSNorm(nn.Module):
 
 def _decode_kernel(part: str, x: Tensor, *weights: Tensor) -> bool:
     """Whether ``x`` (..., K) takes the decode kernel ``part`` of ``ops.dispatch.decode_fusion``: the part asked
-    for (all opt-in), at most ``DECODE_ROWS`` rows, the Triton backend in use for these tensors (never on the CPU
+    for (``gemv`` by default, the fused forms opt-in), at most ``DECODE_ROWS`` rows, the Triton backend in use for these tensors (never on the CPU
     reference path, which stays today's path bit for bit), one dtype for all the weights, and no gradient wanted
     (the kernels have no backward)."""
     if part not in decode_fusion():
@@ -62,8 +62,8 @@ def fused_decode(x: Tensor, *weights: Tensor) -> bool:
 
 
 def linear(x: Tensor, layer: nn.Linear) -> Tensor:
-    """``layer(x)``; at decode with ``SSMSPEC_DECODE_FUSION`` naming ``gemv`` (``_decode_kernel``) the GEMV of
-    ``ops/gemv`` (one launch, no split-K reduce launch) instead of cuBLAS."""
+    """``layer(x)``; at decode (a few rows on the Triton backend, ``SSMSPEC_DECODE_FUSION`` naming ``gemv``, as by
+    default: ``_decode_kernel``) the GEMV of ``ops/gemv`` (one launch, no split-K reduce launch) instead of cuBLAS."""
     if x.dtype == layer.weight.dtype and _decode_kernel("gemv", x, layer.weight):
         return linear_small(x, layer.weight, layer.bias)
     return layer(x)

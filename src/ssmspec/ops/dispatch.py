@@ -47,18 +47,23 @@ def use_triton(*tensors: torch.Tensor | None, backend: str = "auto") -> bool:
 DECODE_FUSIONS = ("conv_ssm", "gemv", "norm_gemv")  # the parts ``SSMSPEC_DECODE_FUSION`` may name
 
 
+DEFAULT_DECODE_FUSION = "gemv"
+
+
 def decode_fusion() -> frozenset[str]:
-    """Which decode kernels the Triton backend uses (``SSMSPEC_DECODE_FUSION``): ``none`` (the default: norm,
-    cuBLAS projection, conv and SSM update each their own launch), ``all``, or a comma-separated list of
+    """Which decode kernels the Triton backend uses (``SSMSPEC_DECODE_FUSION``): ``gemv`` (the default), ``none``
+    (norm, cuBLAS projection, conv and SSM update each their own launch), ``all``, or a comma-separated list of
+    - ``gemv``: the decode projections and the LM head (at most ``models.layers.DECODE_ROWS`` rows) through
+      ``ops/gemv``'s GEMV instead of cuBLAS: no split-K reduce launch, and a row's result does not depend on how
+      many rows share the call;
     - ``conv_ssm``: a Mamba-2 layer's conv and single-token SSM update in one launch (``ops/conv_ssm_update``);
-    - ``gemv``: the decode projections (a few rows) through ``ops/gemv``'s GEMV instead of cuBLAS;
-    - ``norm_gemv``: the block's norms fused into those GEMVs' prologue (implies ``gemv`` where a norm precedes).
-    All are opt-in until they beat the separate launches in ``throughput_ar``. Measured: at commit 32877ed (one
-    H200, context 512) mamba2-2.7b took 2.72 ms a step unfused, 2.79 with conv_ssm and 5.50 with the first
-    GEMV and its fused norms at batch 1; at 27285b5 (one H100, M = 1) the GEMV alone is within 2% of cuBLAS or
-    faster on all six projections of mamba2-2.7b and nemotron-h-4b, while its fused-norm forms take 1.8-3.2x norm +
-    cuBLAS (``decode_kernels`` keeps the per-kernel rows)."""
-    raw = os.environ.get("SSMSPEC_DECODE_FUSION", "none").strip()
+    - ``norm_gemv``: the block's norms fused into those GEMVs' prologue.
+    Measured with ``throughput_ar`` (one H100, commit a7357e1, context 512, ms a decode step at batch 1 / 4 / 16):
+    mamba2-2.7b none 3.317 / 3.803 / 5.332, gemv 3.262 / 3.693 / 5.329, gemv,conv_ssm 3.322 / 3.993 / 6.614, all
+    4.701 / 6.722 / 6.626; nemotron-h-4b none 4.043 / 4.323 / 5.222, gemv 3.848 / 4.103 / 5.219, gemv,conv_ssm
+    3.866 / 4.271 / 5.829, all 4.672 / 5.859 / 5.828. So ``gemv`` is on and the other two stay opt-in until they
+    beat the separate launches."""
+    raw = os.environ.get("SSMSPEC_DECODE_FUSION", DEFAULT_DECODE_FUSION).strip()
     if raw == "none":
         return frozenset()
     if raw == "all":

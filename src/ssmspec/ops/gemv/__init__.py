@@ -3,8 +3,9 @@ precedes them fused in.
 
 At decode the projections are matrix-vector products bound by reading the weight once; cuBLAS splits K at
 these shapes and adds a reduce launch, and the norm before them is one more launch. Here each is one Triton
-kernel that reads W exactly once (no split-K), with the residual add + RMSNorm or Mamba-2's gated group
-RMSNorm recomputed in every program's prologue from the few KB of activations (``triton.py``). Every op
+kernel that reads W exactly once (K split in slices only where the column blocks do not fill the GPU, summed
+in the same launch), optionally with the residual add + RMSNorm or Mamba-2's gated group RMSNorm recomputed in
+every program's prologue from the few KB of activations (``triton.py``). Every op
 dispatches Triton on CUDA and its twin (the norm ops followed by ``F.linear``) elsewhere (``ops.dispatch``).
 Shapes: x / y / z (..., K) with M = prod of the leading dims at most 16, weight (N, K), bias (N,) or None.
 """
