@@ -266,3 +266,20 @@ def test_decode_fusion_is_opt_in(monkeypatch):
         monkeypatch.setenv("SSMSPEC_DECODE_FUSION", bad)
         with pytest.raises(ValueError, match="SSMSPEC_DECODE_FUSION must be none, all or a comma-separated list"):
             layers.fused_decode(x, w)
+
+
+@pytest.mark.parametrize("elem", [2, 4])
+def test_gpu_blocks_fit_shared_memory(elem):
+    """The rule's blocks, at every projection shape of the GPU presets and at both weight widths, keep the
+    pipelined W and h tiles (num_stages of each) within an H100's 227 KB of shared memory per block (fp32 weights
+    at bf16's blocks asked 240 KB: the GPU tests' fp32 models failed to launch), and the slices cover K."""
+    import triton
+
+    import ssmspec.ops.gemv.triton as T
+    for N, K in [(10576, 2560), (2560, 5120), (16496, 3072), (3072, 7168), (12288, 3072), (3072, 12288),
+                 (16, 2048), (50288, 2560)]:
+        cfg = T._config(N, K, 132, elem)
+        smem = cfg["num_stages"] * (cfg["BLOCK_N"] + T._BLOCK_M) * cfg["BLOCK_K"] * elem
+        assert smem <= 227 * 1024, (N, K, elem, cfg, smem)
+        assert 1 <= cfg["SPLIT"] <= triton.cdiv(K, cfg["BLOCK_K"])
+        assert triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLIT"] <= max(132, triton.cdiv(N, cfg["BLOCK_N"]))

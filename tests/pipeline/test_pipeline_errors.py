@@ -149,3 +149,24 @@ def test_closed_stdout_ends_quietly(tmp_path, command, reader):
     if reader == "true" and "-m" in command.split():  # stopped at Hydra's "Launching" line: no sweep record left
         assert not (tmp_path / "runs").exists()
     assert not [p for p in tmp_path.rglob("multirun.yaml") if len(list(p.parent.iterdir())) == 1]
+
+
+def test_throughput_memory_check_skips_the_prefill_points_it_never_runs(monkeypatch):
+    """throughput_ar checks every grid point against free memory before building a model, except the prefill
+    points above bench.max_prefill_tokens, which it skips (a row with status skipped) instead of running: on an
+    80 GB GPU the gpu profile's batch-256 prefill points would otherwise refuse the whole run."""
+    from omegaconf import OmegaConf
+
+    from ssmspec.bench import throughput
+
+    checked: list[str] = []
+    monkeypatch.setattr(throughput, "check_fits", lambda parts, device, what, fix: checked.append(what))
+    cfg = OmegaConf.create({"dtype": "float32", "strategy": {"name": "autoregressive"}})
+    monkeypatch.setattr(throughput.C, "build_strategy", lambda cfg: None)
+    monkeypatch.setattr(throughput, "plan_bytes", lambda *a, **k: {})
+    grid = [("prefill", 1, 32), ("prefill", 256, 32), ("decode", 256, 32)]
+    throughput.check_grid_fits(cfg, ["tiny-mamba2"], grid, "cpu", max_prefill_tokens=1024)
+    assert checked == ["tiny-mamba2 prefill at batch 1, context 32", "tiny-mamba2 decode at batch 256, context 32"]
+    checked.clear()
+    throughput.check_grid_fits(cfg, ["tiny-mamba2"], grid, "cpu")  # no limit: every point is run, so checked
+    assert len(checked) == 3

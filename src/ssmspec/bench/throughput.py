@@ -70,8 +70,9 @@ def decode_engine(model, strategy, pending: torch.Tensor, context: int, steps: i
     return eng, bytes_min
 
 
-def check_grid_fits(cfg: DictConfig, presets: list, grid: list, device: str) -> None:
-    """Refuse, before any model is built, a grid point whose weights + caches + activations cannot fit."""
+def check_grid_fits(cfg: DictConfig, presets: list, grid: list, device: str, max_prefill_tokens: int = 0) -> None:
+    """Refuse, before any model is built, a grid point whose weights + caches + activations cannot fit (prefill
+    points above ``max_prefill_tokens`` are skipped, not run, so they are not checked)."""
     dtype = C.resolve_dtype(str(cfg.dtype), device)
     elt = torch.empty((), dtype=dtype).element_size()
     strategy = C.build_strategy(cfg)
@@ -79,6 +80,8 @@ def check_grid_fits(cfg: DictConfig, presets: list, grid: list, device: str) -> 
         mcfg = C.model_config(cfg) if preset is None else load_preset(preset)
         weights = mcfg.num_parameters() * elt
         for phase, bsz, T in grid:
+            if phase == "prefill" and max_prefill_tokens and bsz * T > max_prefill_tokens:
+                continue
             steps = 64
             parts = {"weights": weights, **plan_bytes(mcfg, strategy, batch=bsz, spec=SpecConfig(),
                                                       kv_capacity=T + steps + 1, prefill_len=T, dtype=dtype,
@@ -113,7 +116,7 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
     if strategy.speculative:
         raise ValueError(f"throughput_ar times standard decoding; strategy {strategy.name!r} speculates. Use "
                          f"strategy=autoregressive (or a strategy with speculative=False)")
-    check_grid_fits(cfg, presets, grid, device)
+    check_grid_fits(cfg, presets, grid, device, max_tokens)
     points = [(p, *g) for p in presets for g in grid]
     model, current = None, object()
     for preset, phase, bsz, T in track(points, desc="throughput", total=len(points)):

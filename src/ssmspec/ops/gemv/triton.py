@@ -146,14 +146,16 @@ def _sm_count(device: torch.device) -> int:
 
 
 @functools.cache
-def _config(N: int, K: int, sms: int) -> dict:
+def _config(N: int, K: int, sms: int, elem: int = 2) -> dict:
     """Blocks, K slices and warps by rule, not autotuned (a tuner compiled every config for every (M, N, K) a model
     decodes with: minutes per run). From a sweep of 48 configs (BLOCK_N 16-64, BLOCK_K 256/512, SPLIT 1-8, 3/4
     stages) at M = 1 and 4 on one H100, commit 27285b5, over the six projections of mamba2-2.7b and nemotron-h-4b:
     BLOCK_N 64, BLOCK_K 256, 4 warps, 4 stages was the best or within 3% of it on every one; K in two slices was
     best where the column blocks alone fill less than half the SMs (out_proj and down_proj: 40-48 blocks on 132
-    SMs), one slice elsewhere. So: as many slices as fit the SMs once (at most 8), one when the blocks fill them."""
-    bn, bk = 64, min(256, max(triton.next_power_of_2(K), 64))
+    SMs), one slice elsewhere. So: as many slices as fit the SMs once (at most 8), one when the blocks fill them.
+    ``elem``: bytes per weight element; fp32 weights (tests, CPU-trained checkpoints) take chunks half as wide, so
+    the four stages fit the shared memory (bf16's blocks in fp32 ask 240 KB of the H100's 227)."""
+    bn, bk = 64, min(512 // elem, max(triton.next_power_of_2(K), 64))
     blocks = triton.cdiv(N, bn)
     split = max(1, min(sms // blocks, triton.cdiv(K, bk), 8))
     return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT": split, "num_warps": 4, "num_stages": 4}
@@ -210,7 +212,8 @@ def _counters(weight: Tensor, blocks: int) -> Tensor:
 def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, eps, norm, store):
     if M == 0:
         return
-    cfg = (_interpret_config(K) if interpret_mode() or not x2.is_cuda else _config(N, K, _sm_count(x2.device))).copy()
+    interp = interpret_mode() or not x2.is_cuda
+    cfg = (_interpret_config(K) if interp else _config(N, K, _sm_count(x2.device), weight.element_size())).copy()
     split = cfg.pop("SPLIT")
     k_split = triton.cdiv(triton.cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]  # whole chunks per slice
     split = triton.cdiv(K, k_split)  # no empty slice
