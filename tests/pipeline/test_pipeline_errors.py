@@ -170,3 +170,17 @@ def test_throughput_memory_check_skips_the_prefill_points_it_never_runs(monkeypa
     checked.clear()
     throughput.check_grid_fits(cfg, ["tiny-mamba2"], grid, "cpu")  # no limit: every point is run, so checked
     assert len(checked) == 3
+
+
+def test_free_bytes_counts_the_allocators_unused_cache(monkeypatch):
+    """A freed tensor's memory stays reserved by PyTorch's caching allocator, and the driver does not count it
+    free: the memory check adds it (else a run refuses a point right after a bigger one freed its caches)."""
+    import torch
+
+    from ssmspec.engine import memory
+
+    gib = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (32 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev=None: 45 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev=None: 5 * gib)
+    assert memory.free_bytes("cuda:0") == 72 * gib

@@ -57,10 +57,13 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
 
 
 def free_bytes(device) -> int:
-    """Free memory where a run would allocate: the CUDA driver's free bytes, or MemAvailable on CPU."""
+    """Free memory where a run would allocate: the CUDA driver's free bytes plus what PyTorch's caching allocator
+    holds unused (a freed tensor's memory stays reserved, and the next allocation reuses it), or MemAvailable on
+    CPU."""
     dev = torch.device(device)
     if dev.type == "cuda":
-        return int(torch.cuda.mem_get_info(dev)[0])
+        cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        return int(torch.cuda.mem_get_info(dev)[0]) + max(int(cached), 0)
     if dev.type == "meta":
         return 1 << 62
     try:
