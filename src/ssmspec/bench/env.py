@@ -78,7 +78,7 @@ def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") 
         **source,
         "weights": weights,
         "ops_backend": os.environ.get("SSMSPEC_OPS_BACKEND", "auto"),
-        "decode_fusion": os.environ.get("SSMSPEC_DECODE_FUSION", "default (gemv)"),  # opt-in decode kernels (ops.dispatch)
+        "decode_fusion": os.environ.get("SSMSPEC_DECODE_FUSION", "default (gemv)"),  # the decode kernels (ops.dispatch)
     }
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()
