@@ -6,7 +6,8 @@ BLOCK_K chunks and keeps an fp32 accumulator (BLOCK_N, 16) for every row of h, s
 product is one ``tl.dot`` a chunk with W as the left operand ("swap AB": the weight rows fill the MMA's M side,
 the few rows of h its 16-wide N side). With SPLIT > 1 (too few column blocks to fill the GPU) the slices meet in
 the same launch, not in a second reduce launch as cuBLAS's split-K: each program stores its partial (fp32, to
-L2), then one acq_rel atomic on its column block's counter; the program that arrives last sums the SPLIT
+L2), then, after a CTA barrier, one acq_rel atomic on its column block's counter (the conv + SSM kernel's
+pattern, ``ops/conv_ssm_update``); the program that arrives last sums the SPLIT
 partials in slice order (so the result does not depend on the arrival order), writes the output and sets the
 counter back to zero. The counters are per weight and kept for the process (``_counters``).
 
@@ -121,7 +122,10 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
     if SPLIT > 1:  # the slices meet in one launch: partials to L2, the block's last program sums them
         part = part_ptr + rn[:, None] * BLOCK_M + rm[None, :]  # (BLOCK_N, BLOCK_M) of slice pid_k
         tl.store(part + pid_k * N * BLOCK_M, acc, mask=n_mask[:, None])
+        # the scalar atomic is one thread's: a CTA barrier first, so its release covers every thread's stores
+        tl.debug_barrier()
         if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:  # every other slice has stored
+            tl.debug_barrier()  # the acquire (one thread's) before any thread reads the partials (from L2: .cg)
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for s in range(SPLIT):  # in slice order: the sum does not depend on which slice came last
                 acc += tl.load(part + s * N * BLOCK_M, mask=n_mask[:, None], other=0.0, cache_modifier=".cg")
