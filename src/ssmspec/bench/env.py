@@ -2,8 +2,8 @@
 
 Keys: time (UTC, ISO 8601), host, platform, python, cpu_count, torch_threads, device (cpu | cuda), device_name,
 device_count, device_memory_gb, compute_capability, driver, cuda (torch's CUDA build), torch, triton,
-transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, decode_fusion, and the
-provenance of ``ssmspec/provenance.py``: git_sha_from (git or SSMSPEC_GIT_SHA), source_hash (the hash of src/,
+transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, decode_fusion,
+and the provenance of ``ssmspec/provenance.py``: git_sha_from (git or SSMSPEC_GIT_SHA), source_hash (the hash of src/,
 conf/ and pyproject.toml as they ran), source_paths, source_commit (the commit with exactly that tree, checked
 where it ran, else None) and source_check (git | mismatch | unchecked).
 """

@@ -162,7 +162,8 @@ def run_throughput(cfg: DictConfig) -> Iterator[dict]:
                     if bsz in [int(x) for x in b.get("profile_batches") or []]:
                         extra["kernel_table"] = table
                 del eng  # the step's caches and graphs
-            strategy = C.build_strategy(cfg)  # the engine's states live in the strategy: free them before the next point
+            # the engine's states live in the strategy: free them before the next point
+            strategy = C.build_strategy(cfg)
         except torch.OutOfMemoryError as e:
             log.warning("out of memory: %s %s B=%d T=%d (%s)", mcfg.name, phase, bsz, T, str(e)[:400])
             strategy = C.build_strategy(cfg)  # drop the state tensors of this point

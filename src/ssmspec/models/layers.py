@@ -41,9 +41,9 @@ class RMSNorm(nn.Module):
 
 def _decode_kernel(part: str, x: Tensor, *weights: Tensor) -> bool:
     """Whether ``x`` (..., K) takes the decode kernel ``part`` of ``ops.dispatch.decode_fusion``: the part asked
-    for (``gemv`` by default, the fused forms opt-in), at most ``DECODE_ROWS`` rows, the Triton backend in use for these tensors (never on the CPU
-    reference path, which stays today's path bit for bit), one dtype for all the weights, and no gradient wanted
-    (the kernels have no backward)."""
+    for (``gemv`` by default, the fused forms opt-in), at most ``DECODE_ROWS`` rows, the Triton backend in use
+    for these tensors (never on the CPU reference path, which stays today's path bit for bit), one dtype for all
+    the weights, and no gradient wanted (the kernels have no backward)."""
     if part not in decode_fusion():
         return False
     rows = x.numel() // max(x.shape[-1], 1)

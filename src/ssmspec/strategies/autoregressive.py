@@ -1,6 +1,6 @@
 """`autoregressive`: the baseline. One state per sequence and layer, updated in place token by token
-(seed 000, Alg. 1); no speculation. With ``SSMSPEC_DECODE_FUSION`` naming ``conv_ssm`` (or ``all``;
-opt-in: ``ops.dispatch.decode_fusion``) a one-token call on the Triton backend runs the mixer's conv and SSM update in one
+(seed 000, Alg. 1); no speculation. With ``SSMSPEC_DECODE_FUSION`` naming ``conv_ssm`` (or ``all``; opt-in:
+``ops.dispatch.decode_fusion``) a one-token call on the Triton backend runs the mixer's conv and SSM update in one
 launch (``ops.conv_ssm_update``); several tokens, and the reference backend, take the conv update then one
 ``selective_state_update`` per token. Gated DeltaNet mixers: the recurrent update (``ops.gdn.gdn_multistep``, the
 delta-rule state in place) token after token."""

@@ -25,8 +25,8 @@ the product (bf16 x bf16 products are exact in the fp32 accumulator, fp32 inputs
 Blocks by rule (``_config``), not autotuned (a tuner would compile every config for every shape a model
 decodes with). The interpreter runs one small config. The models use these kernels when
 ``SSMSPEC_DECODE_FUSION`` names them (``ops.dispatch.decode_fusion``): ``gemv`` (the plain GEMV, on by default:
-within 2% of cuBLAS or faster at M = 1 on one H100) and ``norm_gemv`` (opt-in) (the fused norms: 1.8-3.2x norm + cuBLAS, the prologue's
-loads of x, the residual and the norm weight are not pipelined with W's).
+within 2% of cuBLAS or faster at M = 1 on one H100) and ``norm_gemv`` (opt-in: the fused norms take 1.8-3.2x
+norm + cuBLAS; each program's serial pass over K for the norm's statistics comes before its weight stream).
 """
 from __future__ import annotations
 
