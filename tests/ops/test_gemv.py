@@ -95,6 +95,7 @@ def test_split_k_slices_meet_in_one_launch(split, monkeypatch):
     for the next launch, and a second launch gives the same bits (the slices are summed in slice order)."""
     import ssmspec.ops.gemv.triton as T
     monkeypatch.setattr(T, "_INTERPRET_SPLIT", split)
+    monkeypatch.setattr(T, "_COUNTERS", {})  # this test's weights alone (an earlier one's address may repeat)
     dev, dt = "cpu", torch.float32
     x = _poisoned_slice(3, 1, K_ODD, dtype=dt, device=dev, seed=0)
     z = _randn(3, 1, K_ODD, dtype=dt, device=dev, seed=1)
@@ -283,3 +284,29 @@ def test_gpu_blocks_fit_shared_memory(elem):
         assert smem <= 227 * 1024, (N, K, elem, cfg, smem)
         assert 1 <= cfg["SPLIT"] <= triton.cdiv(K, cfg["BLOCK_K"])
         assert triton.cdiv(N, cfg["BLOCK_N"]) * cfg["SPLIT"] <= max(132, triton.cdiv(N, cfg["BLOCK_N"]))
+
+
+def test_no_counters_are_made_inside_a_graph_capture(monkeypatch):
+    """A weight's first split-K call during a CUDA graph capture makes no counters (zeros made then would be a
+    graph node, zero only once the graph replays): that call runs K whole in every program and still equals the
+    twin; the next call outside a capture makes them and splits K."""
+    import ssmspec.ops.gemv.triton as T
+    monkeypatch.setattr(T, "_INTERPRET_SPLIT", 3)
+    monkeypatch.setattr(T, "_COUNTERS", {})  # this test's weights alone (an earlier one's address may repeat)
+    x = _randn(2, K_ODD, dtype=torch.float32, device="cpu", seed=0)
+    w, b = _linear(N_ODD, K_ODD, torch.float32, "cpu", bias=True)
+    launches = []
+    orig = T._norm_gemv_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return orig[grid]
+    monkeypatch.setattr(T, "_norm_gemv_kernel", Spy())
+    monkeypatch.setattr(T, "_capturing", lambda weight: True)
+    out = T.linear_small_triton(x, w, b)
+    assert launches == [(3, 1)] and not [k for k in T._COUNTERS if k[1] == w.data_ptr()]
+    assert_close(out, F.linear(x, w, b), TOL[torch.float32], "out")
+    monkeypatch.setattr(T, "_capturing", lambda weight: False)
+    assert_close(T.linear_small_triton(x, w, b), F.linear(x, w, b), TOL[torch.float32], "out")
+    assert launches[-1] == (3, 3) and [k for k in T._COUNTERS if k[1] == w.data_ptr()]

@@ -202,13 +202,22 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, h_dtype: torch.dtype)
 _COUNTERS: dict[tuple, Tensor] = {}  # (device, weight's address, column blocks) -> int32 zeros each launch leaves zero
 
 
-def _counters(weight: Tensor, blocks: int) -> Tensor:
+def _capturing(weight: Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream of ``weight``'s device."""
+    return weight.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def _counters(weight: Tensor, blocks: int) -> Tensor | None:
     """The split-K arrival counters of one weight: kept for the process (a captured graph holds their address,
     so they are never freed). Calls on one weight never overlap: a model runs its layers in order, one call at a
-    time, and the draft and the target (two streams) have weights of their own."""
+    time, and the draft and the target (two streams) have weights of their own. None while a CUDA graph is
+    being captured and the weight has none yet: zeros made then would be a node of that graph, zero only once it
+    replays (the engines run a step eagerly before they capture, which makes them)."""
     key = (weight.device, weight.data_ptr(), blocks)
     cnt = _COUNTERS.get(key)
     if cnt is None:
+        if _capturing(weight):
+            return None
         cnt = _COUNTERS[key] = torch.zeros(blocks, dtype=torch.int32, device=weight.device)
     return cnt
 
@@ -222,8 +231,10 @@ def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, 
     k_split = triton.cdiv(triton.cdiv(K, split), cfg["BLOCK_K"]) * cfg["BLOCK_K"]  # whole chunks per slice
     split = triton.cdiv(K, k_split)  # no empty slice
     blocks = triton.cdiv(N, cfg["BLOCK_N"])
-    part = torch.empty((split, N, _BLOCK_M), dtype=torch.float32, device=x2.device) if split > 1 else dummy(x2)
     cnt = _counters(weight, blocks) if split > 1 else dummy(x2)
+    if cnt is None:  # no counters to be had inside this capture: the whole of K in every program
+        split, k_split, cnt = 1, K, dummy(x2)
+    part = torch.empty((split, N, _BLOCK_M), dtype=torch.float32, device=x2.device) if split > 1 else dummy(x2)
     args = (x2, r2 if r2 is not None else dummy(x2), z2 if z2 is not None else dummy(x2),
             nw if nw is not None else dummy(weight), weight, bias if bias is not None else dummy(weight), out,
             res_out if store else dummy(x2), part, cnt, M, N, K, k_split, group_size, float(eps), x2.stride(0),
