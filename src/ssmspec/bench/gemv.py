@@ -83,11 +83,11 @@ def _impls(shape: dict, a: dict, backend: str) -> dict[str, Callable[[torch.Tens
     return fns
 
 
-def _block_config(N: int, K: int) -> str:
-    """The blocks ``ops/gemv`` picks for an (N, K) weight on this GPU (its ``_config`` rule)."""
+def _block_config(weight: torch.Tensor) -> str:
+    """The blocks ``ops/gemv`` picks for an (N, K) weight of this dtype on this GPU (its ``_config`` rule)."""
     from ssmspec.ops.gemv.triton import _config, _sm_count
 
-    return str(_config(N, K, _sm_count(torch.device("cuda"))))
+    return str(_config(*weight.shape, _sm_count(weight.device), weight.element_size()))
 
 
 def run_decode_kernels(cfg: DictConfig) -> Iterator[dict]:
@@ -153,6 +153,6 @@ def _point(ctx: Ctx, preset: str, shape: dict, m: int, backend: str) -> Iterator
         times[impl] = row["ms_p50"]
         if impl in ("ours", "fused"):
             row["first_call_s"] = first
-            row["config"] = _block_config(*ws[0].shape) if ran == "triton" and ctx.cuda else None
+            row["config"] = _block_config(ws[0]) if ran == "triton" and ctx.cuda else None
             row["speedup"] = times["cublas" if impl == "ours" else "unfused"] / row["ms_p50"]
         yield row
