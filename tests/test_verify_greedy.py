@@ -110,3 +110,43 @@ def test_greedy_steps_read_model_dtype_logits_with_the_same_verdicts():
         (seq_bf16, seen_bf16), (seq_fp32, seen_fp32) = runs
         assert seen_bf16 == {torch.bfloat16} and seen_fp32 == {torch.float32}
         assert seq_bf16 == seq_fp32
+
+
+@pytest.mark.parametrize("oracle", [False, True], ids=["tokens", "match"])
+def test_single_chain_closed_form_equals_the_tree_walk(oracle):
+    """One chain (the common case) takes a closed form (matches' leading run); the same drafts given as a plain
+    tree (num_chains 0) take the general walk: every verdict field is equal, and equal to the brute force."""
+    g = torch.Generator().manual_seed(3)
+    B, S, V = 64, 6, 3  # tiny vocabulary: every accepted length 0 .. S occurs
+    logits = torch.randn(B, S + 1, V, generator=g)
+    argmax = logits.argmax(-1)
+    tokens = torch.where(torch.rand(B, S, generator=g) < 0.75, argmax[:, :-1], torch.randint(0, V, (B, S), generator=g))
+    chain = DraftTree.from_chains(tokens[:, None])
+    assert chain.is_single_chain
+    tree = DraftTree(tokens.clone(), chain.parents.clone())  # the same drafts, not declared a chain
+    if oracle:  # the forced oracle's word replaces the comparison, in both forms
+        match = torch.rand(B, S, generator=g) < 0.7
+        chain.match, tree.match = match, match.clone()
+    fast, walk = GreedyVerifier().verify(logits, chain), GreedyVerifier().verify(logits, tree)
+    assert torch.equal(fast.accepted, walk.accepted) and torch.equal(fast.path, walk.path)
+    assert torch.equal(fast.bonus, walk.bonus)
+    assert set(fast.accepted.tolist()) == set(range(S + 1))
+    if not oracle:
+        for b in range(B):
+            a, path, bonus = _brute(tokens[b].tolist(), chain.parents[b].tolist(), argmax[b].tolist())
+            assert (fast.accepted[b].item(), fast.path[b, :a + 1].tolist(), fast.bonus[b].item()) == (a, path, bonus)
+
+
+def test_chain_layout_is_the_tree_rule_and_shared():
+    """Chains' parents and depths come from one constant per (D, S, device) -- what the general rules compute for
+    the same trees -- built once outside a graph capture, so a drafter's step launches nothing for them."""
+    from ssmspec.drafting.base import chain_layout
+
+    for D, S in ((1, 1), (1, 5), (3, 4)):
+        toks = torch.randint(0, 9, (2, D, S))
+        chains = DraftTree.from_chains(toks)
+        plain = DraftTree(chains.tokens, chains.parents.contiguous())  # general rules (num_chains 0)
+        assert torch.equal(chains.depths_with_root(), plain.depths_with_root())
+        for i in range(D * S):  # node 1 + i: first of its chain -> root, else the node before it
+            assert chains.parents[0, i].item() == (0 if i % S == 0 else i)
+        assert chain_layout(D, S, "cpu")[0] is chain_layout(D, S, "cpu")[0]

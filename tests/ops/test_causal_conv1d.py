@@ -42,6 +42,22 @@ def test_conv_update_kernel(W, dtype, act, bias, update, device):
     assert torch.equal(s_k, s_r)  # the state is a copy of inputs: exact
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_conv_update_keeps_its_inputs_in_the_same_call(backend, device):
+    """``save_input``: the call's pre-conv inputs land in the first L positions of a (B, >= L, C) view of a strategy's
+    buffer (one layer's slice of a (layers, B, Lmax, C) tensor) in the conv's own launch; the output and the
+    state are those of the call without it; the rest of the buffer is untouched."""
+    x, st, w, b = _inputs(3, 4, 300, 4, torch.bfloat16, device)
+    buf = torch.full((2, 3, 6, 300), 7.0, dtype=torch.bfloat16, device=device)
+    s_a, s_b = st.clone(), st.clone()
+    y = causal_conv1d_update(x, s_a, w, b, update_state=False, save_input=buf[1], backend=backend)
+    y0 = causal_conv1d_update(x, s_b, w, b, update_state=False, backend=backend)
+    assert torch.equal(y, y0) and torch.equal(s_a, st)
+    assert torch.equal(buf[1, :, :4], x) and (buf[1, :, 4:] == 7).all() and (buf[0] == 7).all()
+    with pytest.raises(ValueError, match="save_input must be"):
+        causal_conv1d_update(x, s_a, w, b, save_input=buf[1, :, :3], backend=backend)
+
+
 def test_conv_state_advance_kernel(device):
     x, st, _, _ = _inputs(4, 5, 300, 4, torch.bfloat16, device)
     keep = torch.tensor([0, 1, 3, 5], device=device)  # 0: unchanged; 1: mixes state and x; 5: all of x

@@ -42,10 +42,7 @@ class DraftTree:
     def from_chains(cls, tokens: Tensor, q: Tensor | None = None) -> "DraftTree":
         """tokens (B, D, S) -> D disjoint chains; q (B, D, S, V)."""
         bsz, D, S = tokens.shape
-        idx = torch.arange(S, device=tokens.device)
-        base = 1 + torch.arange(D, device=tokens.device)[:, None] * S  # first node of each chain
-        parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1)  # (D, S)
-        parents = parents.reshape(1, D * S).expand(bsz, -1).contiguous()
+        parents = chain_layout(D, S, tokens.device)[0].expand(bsz, -1)  # (B, D*S), a shared constant: read only
         return cls(tokens.reshape(bsz, D * S), parents, None if q is None else q.reshape(bsz, D * S, -1), D, S)
 
     @classmethod
@@ -66,7 +63,9 @@ class DraftTree:
         return torch.cat([torch.zeros_like(self.parents[:, :1]), self.parents], dim=1)
 
     def depths_with_root(self) -> Tensor:
-        """(B, 1+T) depth of every node (root 0)."""
+        """(B, 1+T) depth of every node (root 0); for chains a shared constant (read only, no launch)."""
+        if self.num_chains:
+            return chain_layout(self.num_chains, self.chain_len, self.tokens.device)[1].expand(self.tokens.shape[0], -1)
         par = self.parents_with_root()
         depth = torch.zeros_like(par)
         for i in range(1, par.shape[1]):  # topological order: parents come first
@@ -88,6 +87,37 @@ class DraftTree:
         if self.depth:
             return self.depth
         return int(self.depths_with_root().max()) if self.size else 0
+
+
+_CHAIN_LAYOUTS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def chain_layout(D: int, S: int, device) -> tuple[Tensor, Tensor]:
+    """The fixed layout of D chains of S drafts: (parents (1, D*S), depths with the root (1, 1+D*S)), int64.
+
+    A step of a chain drafter would otherwise rebuild these every step (a handful of launches each, inside every
+    captured step). Kept per (D, S, device) once built outside a CUDA graph capture: a tensor made during a capture
+    is only filled when the graph replays, so a capture computes its own and keeps nothing. Shared: read only."""
+    key = (D, S, str(torch.device(device)))
+    hit = _CHAIN_LAYOUTS.get(key)
+    if hit is not None:
+        return hit
+    idx = torch.arange(S, device=device)
+    base = 1 + torch.arange(D, device=device)[:, None] * S  # first node of each chain
+    parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1).reshape(1, D * S)  # (1, D*S)
+    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (idx + 1).repeat(D)])[None]  # (1, 1+D*S)
+    if not capturing(device):
+        _CHAIN_LAYOUTS[key] = (parents, depths)
+    return parents, depths
+
+
+def capturing(device) -> bool:
+    """Whether ``device``'s current CUDA stream is capturing a graph (False off CUDA)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 @dataclass

@@ -63,6 +63,9 @@ class DraftModel(ModelDrafterBase, DrafterBase):
     def observe(self, verdict) -> None:
         """The accepted drafts are this drafter's own tokens of one chain: the next absorb resumes from the
         draft's state after them instead of feeding them again (``DraftEngine.resume``). Device ops only."""
+        if self.D == 1:  # one chain: its row is row 0 (``resume`` keeps it)
+            self.engine.resume(None, verdict.accepted)
+            return
         first = verdict.path[:, 1] if verdict.path.shape[1] > 1 else torch.zeros_like(verdict.accepted)
         chain = ((first - 1).clamp(min=0) // self.S).clamp(max=self.D - 1)  # node 1 + c*S + j: chain c
         self.engine.resume(chain, verdict.accepted)
@@ -70,7 +73,7 @@ class DraftModel(ModelDrafterBase, DrafterBase):
     def _draft(self, root: Tensor) -> DraftTree:
         """root (B, V) draft logits after the pending token -> D chains of S tokens (B, D*S)."""
         eng, S, D = self.engine, self.S, self.D
-        logits = root.repeat_interleave(D, dim=0)  # (B*D, V) at the root of each chain
+        logits = root.repeat_interleave(D, dim=0) if D > 1 else root  # (B*D, V) at the root of each chain
         toks, qs = [], []
         for k in range(1, S + 1):
             if self.sampling.greedy:

@@ -108,7 +108,8 @@ class DraftEngine:
         # static per depth 1 .. S-1 when rows keep their parents: (source slots (R,), destination slots (R, 1))
         self._slots = [(self.home[self.seq] if d == 1 else self._work(d - 1, self.row_w), self._work(d, self.row_w)[:, None])
                        for d in range(1, S)]
-        self._depth_cols = torch.arange(1, max(S, 2), device=dev)[None]  # (1, S-1)
+        self._depth_from_root = torch.arange(0, max(S - 1, 1), device=dev)[None]  # (1, S-1) = depth 1.. - 1
+        self._resume_base = self.batch + self.home * self.P - 1  # (B,) _work(skip, 0, home) - skip (one row)
         self._pos = torch.zeros(B * W, max(S - 1, 1), dtype=torch.long, device=dev)  # (R, S-1) set by absorb
         self.skip = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) accepted depth the next absorb resumes at
         self.skip_row = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) drafting row (0 .. W-1) it resumes in
@@ -166,13 +167,17 @@ class DraftEngine:
                              f"max_new_tokens={buf.capacity - self.prompt_max - self.slack}) or more")
 
     # one draft step -------------------------------------------------------------------------------
-    def resume(self, row: Tensor, accepted: Tensor) -> None:
-        """Chains: the target accepted ``accepted`` (B,) drafts of drafting row ``row`` (B,) (0 .. W-1) of the
-        last step, the draft's own tokens; the next absorb resumes from that row's state after the deepest of
-        them it fed (module doc). Device ops only; engines of moving rows ignore it."""
+    def resume(self, row: Tensor | None, accepted: Tensor) -> None:
+        """Chains: the target accepted ``accepted`` (B,) drafts of drafting row ``row`` (B,) (0 .. W-1; None: row 0,
+        which one drafting row per sequence always is) of the last step, the draft's own tokens; the next absorb
+        resumes from that row's state after the deepest of them it fed (module doc). Device ops only; engines of
+        moving rows ignore it."""
         if self.chains:
             self.skip.copy_(accepted.clamp(max=self.S - 1))
-            self.skip_row.copy_(row)
+            if row is not None:
+                self.skip_row.copy_(row)
+            elif self.W != 1:
+                raise ValueError(f"resume(None, ...) names row 0, but this engine drafts {self.W} rows per sequence")
 
     @torch.no_grad()
     def absorb(self, buf: TokenBuffer) -> Tensor:
@@ -186,18 +191,22 @@ class DraftEngine:
         n = (behind - skip).clamp(max=self.A)  # (B,) tokens this call feeds
         start = self.consumed + skip  # (B,) buffer column of the first one
         valid = col < n[:, None]  # (B, A) valid tokens first
-        ids = buf.tokens.gather(1, (start[:, None] + col).clamp(max=buf.capacity - 1))
+        pos = start[:, None] + col  # (B, A) buffer columns = positions of the fed tokens
+        ids = buf.tokens.gather(1, pos.clamp(max=buf.capacity - 1))
         ids = torch.where(valid, ids, self.model.cfg.pad_token_id)
         src = self.home
         if self.chains:  # the state after depth ``skip`` of the resumed row (skip 0: the committed state)
-            src = torch.where(skip > 0, self._work(skip.clamp(min=1), self.skip_row, self.home), self.home)
-            rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
-            for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
-                kv.cache.append(kv.k[rows].transpose(1, 2), kv.v[rows].transpose(1, 2), skip)
+            # _work(skip, skip_row, home) = batch + (home W + skip_row) P + skip - 1; with one row, skip_row is 0
+            at = self._resume_base + skip if self.W == 1 else self._work(skip.clamp(min=1), self.skip_row, self.home)
+            src = torch.where(skip > 0, at, self.home)
+            if self.kv:
+                rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
+                for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
+                    kv.cache.append(kv.k[rows].transpose(1, 2), kv.v[rows].transpose(1, 2), skip)
         for kv in self.kv:
             kv.set_call("commit")
-        self.ctx.step = StepInputs(ids, start[:, None] + col, valid=valid, kv_bound=self.capacity,
-                                   src_slot=src, dst_slot=self.home[:, None])
+        self.ctx.step = StepInputs(ids, pos, valid=valid, kv_bound=self.capacity, src_slot=src,
+                                   dst_slot=self.home[:, None])
         h = self.model.hidden(ids, self.ctx)  # (B, A, d)
         last = h.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
         for kv in self.kv:
@@ -205,7 +214,8 @@ class DraftEngine:
         self.last.copy_(torch.where((n > 0)[:, None], self.model.logits(last)[:, 0], self.last))
         self.consumed += skip + n
         self.skip.zero_()  # a resume holds for one absorb
-        self._pos.copy_(self.consumed[self.seq][:, None] - 1 + self._depth_cols)  # the root sits at consumed - 1
+        consumed = self.consumed if self.W == 1 else self.consumed[self.seq]  # (R,) one row per sequence: itself
+        self._pos.copy_(consumed[:, None] + self._depth_from_root)  # the root sits at consumed - 1
         return self.last
 
     @torch.no_grad()

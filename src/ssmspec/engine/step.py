@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree, TokenBuffer
+from ssmspec.drafting.base import DraftTree, TokenBuffer, capturing
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import HybridLM
@@ -193,7 +193,8 @@ class DecodeStep:
         """Copy fresh drafts into the static ones a captured graph reads."""
         s = self.drafts
         s.tokens.copy_(drafts.tokens)
-        s.parents.copy_(drafts.parents)
+        if s.parents.data_ptr() != drafts.parents.data_ptr():  # chains share one constant layout (chain_layout)
+            s.parents.copy_(drafts.parents)
         if s.q is not None:
             s.q.copy_(drafts.q)
         if s.match is not None:
@@ -232,40 +233,45 @@ class DecodeStep:
             toks = verdict.bonus[:, None]  # (B, 1)
         else:
             nodes = torch.cat([self.pending[:, None], drafts.tokens], dim=1)  # (B, 1+T) node tokens
-            path = nodes.gather(1, verdict.path)[:, 1:]  # (B, S) accepted drafts first
-            j = torch.arange(path.shape[1] + 1, device=a.device)[None]
-            toks = torch.cat([path, verdict.bonus[:, None]], dim=1)  # (B, 1+S)
-            toks = torch.where(j == a[:, None], verdict.bonus[:, None], toks)  # bonus right after the path
-        self._append(toks, a + 1, accepted=a)
-        self.seq_len.add_(a + 1)
+            toks = nodes.gather(1, verdict.path)  # (B, 1+S): pending, then the accepted drafts
+            j = _columns(toks.shape[1], a.device)  # (1, 1+S)
+            # shifted one left, the bonus right after the path: column k < a holds draft k+1 of the path
+            toks = torch.where(j < a[:, None], toks.roll(-1, dims=1), verdict.bonus[:, None])
+        count = a + 1
+        self._append(toks, count, accepted=a)
+        self.seq_len.add_(count)
         self.pending.copy_(verdict.bonus)
 
     def _append(self, toks: Tensor, count: Tensor, *, accepted: Tensor) -> None:
         """Append ``count`` (B,) of ``toks`` (B, C) to every unfinished row, stopping after EOS and at the
         budget; update the finished flags and the report."""
         bsz, C = toks.shape
-        j = torch.arange(C, device=toks.device)[None]  # (1, C)
+        j = _columns(C, toks.device)  # (1, C)
         n = torch.minimum(count, self.max_new_tokens - self.emitted)  # budget
+        eos_end = None  # EOS ends the row (first EOS among the emitted tokens)
         if self.eos_token_id is not None:
             eos = (toks == self.eos_token_id) & (j < n[:, None])
             first = torch.where(eos, j, C).amin(1)  # (B,) first EOS column (C: none)
             n = torch.minimum(n, first + 1)
-        else:
-            first = torch.full_like(n, C)
+            eos_end = first < n
         n = torch.where(self.done, 0, n)  # finished rows emit nothing
+        keep = j < n[:, None]  # (B, C)
         idx = self.buf.length[:, None] + j  # (B, C) columns to write; in range (cap has a step's slack)
         old = self.buf.tokens.gather(1, idx)
-        self.buf.tokens.scatter_(1, idx, torch.where(j < n[:, None], toks, old))
+        self.buf.tokens.scatter_(1, idx, torch.where(keep, toks, old))
         self.buf.length.add_(n)
         self.emitted.add_(n)
-        self.done |= (self.emitted >= self.max_new_tokens) | (first < n)
+        self.done |= self.emitted >= self.max_new_tokens
+        if eos_end is not None:
+            self.done |= eos_end
         # report (B, 4 + S): emitted tokens (C <= 1 + S columns, -1 past the count), count, accepted, done
         r = self.report
-        r[:, :C] = torch.where(j < n[:, None], toks, -1)
-        r[:, C:1 + self.depth] = -1
+        r[:, :C] = torch.where(keep, toks, -1)
+        if C < 1 + self.depth:
+            r[:, C:1 + self.depth] = -1
         r[:, 1 + self.depth] = n
         r[:, 2 + self.depth] = accepted
-        r[:, -1] = self.done.long()
+        r[:, -1] = self.done
 
     def report_of(self, host: Tensor) -> Report:
         """Decode a host copy of ``report``."""
@@ -273,6 +279,20 @@ class DecodeStep:
         S = self.depth
         return Report(tokens=[r[:r[1 + S]] for r in rows], accepted=[r[2 + S] for r in rows],
                       done=[bool(r[-1]) for r in rows])
+
+
+_COLUMNS: dict[tuple, Tensor] = {}
+
+
+def _columns(C: int, device) -> Tensor:
+    """(1, C) = 0 .. C-1, one constant per (C, device), made outside any graph capture (``chain_layout``'s rule)."""
+    key = (C, str(device))
+    hit = _COLUMNS.get(key)
+    if hit is None:
+        hit = torch.arange(C, device=device)[None]
+        if not capturing(device):
+            _COLUMNS[key] = hit
+    return hit
 
 
 def kv_source(step: StepInputs, verdict: Verdict, bsz: int) -> tuple[Tensor, Tensor]:

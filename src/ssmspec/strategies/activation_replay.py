@@ -91,11 +91,10 @@ class ActivationReplay(StrategyBase):
                       store_state=True, output=False)
         seq = torch.arange(rows, device=inp.qkv.device) // (rows // self.batch)  # (B',)
         post = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i][seq], p.conv_weight, None, activation=p.activation,
-                                    update_state=False)  # (B', L, conv_dim)
+                                    update_state=False, save_input=self.gdn_conv_in[i, :rows])  # (B', L, conv_dim)
         q, k, v = p.split(post)
         g, beta = p.gates(inp.a, inp.b)
         y = gdn_multistep(self.gdn_state[i], q, k, v, g, beta, state_batch_indices=seq, store_state=False)
-        self.gdn_conv_in[i, :rows, :L] = inp.qkv
         self.gdn_post[i, :rows, :L] = post
         self.gdn_g[i, :rows, :L] = g
         self.gdn_beta[i, :rows, :L] = beta
@@ -118,14 +117,13 @@ class ActivationReplay(StrategyBase):
                       dt_limit=p.dt_limit, update_count=c, store_state=True, output=False)  # C unused: no output
         # 2. verify every row from its sequence's (now current) state, no state stored
         seq = torch.arange(rows, device=inp.xbc.device) // (rows // self.batch)  # (B',)
-        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i][seq], p.conv_weight, p.conv_bias,
-                                   activation=p.activation, update_state=False)  # (B', L, conv_dim)
+        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i][seq], p.conv_weight, p.conv_bias, activation=p.activation,
+                                   update_state=False, save_input=self.conv_in[i, :rows])  # (B', L, conv_dim)
         x, B, C = p.split_xbc(xbc)  # (B', L, H, P), (B', L, G, N) x2
         y = ssm_multistep(self.ssm_state[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_softplus=True,
                           dt_limit=p.dt_limit, state_batch_indices=seq, store_state=False)  # (B', L, H, P)
         # 3. cache this call's activations for the next replay
-        self.conv_in[i, :rows, :L] = inp.xbc
-        self.x_in[i, :rows, :L] = x
+        self.x_in[i, :rows, :L] = x  # (conv_in took this call's inputs in the conv launch)
         self.B_in[i, :rows, :L] = B
         self.dt_in[i, :rows, :L] = inp.dt
         return y.reshape(rows, L, -1)

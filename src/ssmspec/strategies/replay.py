@@ -112,13 +112,13 @@ class Replay(StrategyBase):
         i = p.index
         if step.rows != self.batch or step.valid is not None:
             raise ValueError(f"replay lays out one row per sequence ({self.batch}) with no pads; got {step.rows} rows")
-        if step.tree_mask is None:
+        if step.tree_mask is None:  # the call's inputs are kept (for commit's conv advance) by the same launch
             qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, activation=p.activation,
-                                       update_state=False)
+                                       update_state=False, save_input=self.gdn_conv_in[i])
         else:
             qkv = tree_conv1d(inp.qkv, self.gdn_conv_state[i], p.conv_weight, None, tree_mask=step.tree_mask,
                               activation=p.activation)
-        self.gdn_conv_in[i, :, :step.length] = inp.qkv
+            self.gdn_conv_in[i, :, :step.length] = inp.qkv
         q, k, v = p.split(qkv)
         g, beta = p.gates(inp.a, inp.b)
         if step.tree_mask is not None:
@@ -155,13 +155,13 @@ class Replay(StrategyBase):
         if step.valid is not None:
             raise ValueError("replay does not take pad / no-op tokens in decode calls (StepInputs.valid)")
         L = step.length
-        if step.tree_mask is None:
+        if step.tree_mask is None:  # (B, L, conv_dim); the same launch keeps the inputs for commit's conv advance
             xbc = causal_conv1d_update(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias,
-                                       activation=p.activation, update_state=False)  # (B, L, conv_dim)
+                                       activation=p.activation, update_state=False, save_input=self.conv_in[i])
         else:  # each node's window runs over its ancestors
             xbc = tree_conv1d(inp.xbc, self.conv_state[i], p.conv_weight, p.conv_bias, tree_mask=step.tree_mask,
                               activation=p.activation)
-        self.conv_in[i, :, :L] = inp.xbc
+            self.conv_in[i, :, :L] = inp.xbc
         x, B, C = p.split_xbc(xbc)  # (B, L, H, P), (B, L, G, N) x2
         # flush where count + 2L > R: decided per sequence on the device inside the call (data, not a branch)
         y = replay_verify(self.ssm_state[i], self.ring_x[i], self.ring_dt[i], self.ring_B[i], self.head[i],

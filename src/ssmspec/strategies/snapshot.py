@@ -200,8 +200,7 @@ class Snapshot(StrategyBase):
                              f"{self.gdn_conv_in.shape[2]} tokens a call; got {rows} x {L}")
         seq, dst = self._dst(rows, L, inp.qkv.device)
         qkv = causal_conv1d_update(inp.qkv, self.gdn_conv_state[i][seq], p.conv_weight, None, activation=p.activation,
-                                   update_state=False)
-        self.gdn_conv_in[i, :rows, :L] = inp.qkv
+                                   update_state=False, save_input=self.gdn_conv_in[i, :rows])  # inputs kept too
         q, k, v = p.split(qkv)
         g, beta = p.gates(inp.a, inp.b)
         return gdn_multistep_snapshot(self.gdn_snapshots[i], q, k, v, g, beta, src_slot=self.src[seq], dst_slots=dst)
@@ -219,9 +218,8 @@ class Snapshot(StrategyBase):
                              f"({self.conv_in.shape[1]} x {Lmax}); make the drafter's spec match the strategy's")
         dev = inp.xbc.device
         seq = torch.arange(rows, device=dev) // (rows // self.batch)  # (B',) sequence of each row
-        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i][seq], p.conv_weight, p.conv_bias,
-                                   activation=p.activation, update_state=False)  # (B', L, conv_dim)
-        self.conv_in[i, :rows, :L] = inp.xbc
+        xbc = causal_conv1d_update(inp.xbc, self.conv_state[i][seq], p.conv_weight, p.conv_bias, activation=p.activation,
+                                   update_state=False, save_input=self.conv_in[i, :rows])  # (B', L, conv_dim)
         x, B, C = p.split_xbc(xbc)  # (B', L, H, P), (B', L, G, N) x2
         d = torch.arange(rows, device=dev) % (rows // self.batch)  # (B',) chain of each row
         region = (self.src_region[seq] + 1 + d) % Rg if Rg > 1 else torch.zeros_like(d)

@@ -19,6 +19,8 @@ class GreedyVerifier:
         if drafts is None or drafts.size == 0:
             zeros = torch.zeros(bsz, dtype=torch.long, device=target.device)
             return Verdict(accepted=zeros, path=zeros[:, None], bonus=target[:, 0])
+        if drafts.is_single_chain:  # node k is depth k: the accepted count is the run of matches (a few launches)
+            return _chain_verdict(target, drafts)
         par = drafts.parents_with_root()  # (B, 1+T)
         n = par.shape[1]
         ok = torch.zeros(bsz, n, dtype=torch.bool, device=target.device)
@@ -34,3 +36,13 @@ class GreedyVerifier:
         best = score.argmax(dim=1)  # deepest accepted node (first in topological order on ties)
         path, acc = path_to_node(par, best, drafts.max_depth())  # static depth from the drafter: no host sync
         return Verdict(accepted=acc, path=path, bonus=target.gather(1, best[:, None])[:, 0])
+
+
+def _chain_verdict(target: Tensor, drafts) -> Verdict:
+    """One chain of S drafts: the verdict of the tree walk above in closed form. target (B, 1+S) the target's
+    argmax after every node; draft k (node k) is accepted when it and every draft before it match."""
+    same = drafts.match if drafts.match is not None else drafts.tokens == target[:, :-1]  # (B, S)
+    acc = same.cumprod(dim=1).sum(dim=1)  # (B,) leading matches
+    k = drafts.depths_with_root()[:1]  # (1, 1+S) = 0 .. S, a shared constant
+    path = torch.where(k <= acc[:, None], k, 0)  # (B, 1+S) nodes 0 .. acc, then 0
+    return Verdict(accepted=acc, path=path, bonus=target.gather(1, acc[:, None])[:, 0])

@@ -16,14 +16,21 @@ causal_conv1d = causal_conv1d_ref
 
 
 def causal_conv1d_update(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                         activation: str | None = "silu", update_state: bool = True, backend: str = "auto") -> Tensor:
+                         activation: str | None = "silu", update_state: bool = True,
+                         save_input: Tensor | None = None, backend: str = "auto") -> Tensor:
     """Conv over [conv_state, x]: x (B, L, C), conv_state (B, C, W-1) oldest first, weight (C, W), bias (C,);
     activation 'silu' or None. If ``update_state`` the state becomes the last W-1 inputs (in place).
-    Returns y (B, L, C) in x's dtype."""
-    if use_triton(x, conv_state, weight, backend=backend):
+    ``save_input`` (B, >= L, C): its first L positions receive x in the same launch (what a strategy keeps to
+    advance the state later over the accepted tokens). Returns y (B, L, C) in x's dtype."""
+    if save_input is not None and (save_input.dim() != 3 or save_input.shape[0] != x.shape[0]
+                                   or save_input.shape[1] < x.shape[1] or save_input.shape[2] != x.shape[2]):
+        raise ValueError(f"save_input must be (B, >= L, C) for x {tuple(x.shape)}, got {tuple(save_input.shape)}")
+    if use_triton(x, conv_state, weight, save_input, backend=backend):
         from ssmspec.ops.causal_conv1d.triton import causal_conv1d_update_triton
         return causal_conv1d_update_triton(x, conv_state, weight, bias, activation=activation,
-                                           update_state=update_state)
+                                           update_state=update_state, save_input=save_input)
+    if save_input is not None:
+        save_input[:, :x.shape[1]] = x
     return causal_conv1d_update_ref(x, conv_state, weight, bias, activation=activation, update_state=update_state)
 
 

@@ -28,10 +28,10 @@ def _tap(x_ptr, st_ptr, i, offs_c, mask_c, x_l, x_c, s_c, s_w, W1: tl.constexpr)
 
 
 @triton.jit
-def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr, keep_ptr, L, Cdim,
-                        x_b, x_l, x_c, s_b, s_c, s_w, w_c, w_w, y_b, y_l, y_c,
+def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr, keep_ptr, save_ptr, L, Cdim,
+                        x_b, x_l, x_c, s_b, s_c, s_w, w_c, w_w, y_b, y_l, y_c, v_b, v_l, v_c,
                         W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, UPDATE: tl.constexpr,
-                        HAS_SLOTS: tl.constexpr, HAS_KEEP: tl.constexpr, BLOCK_C: tl.constexpr):
+                        HAS_SLOTS: tl.constexpr, HAS_KEEP: tl.constexpr, SAVE: tl.constexpr, BLOCK_C: tl.constexpr):
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < Cdim
@@ -54,6 +54,9 @@ def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr,
         if SILU:
             acc = silu(acc)
         tl.store(y_ptr + b * y_b + t * y_l + offs_c * y_c, acc, mask=mask_c)
+        if SAVE:  # the call's pre-conv input, kept for a later state advance (replaces a copy launch)
+            xv = tl.load(xb + t * x_l + offs_c * x_c, mask=mask_c, other=0.0)
+            tl.store(save_ptr + b * v_b + t * v_l + offs_c * v_c, xv, mask=mask_c)
     if UPDATE:  # new state column i = input n - (W-1) + i (n = L or keep[b]); read every column before writing
         n = L
         if HAS_KEEP:
@@ -118,29 +121,32 @@ def _check(x: Tensor, conv_state: Tensor) -> tuple[int, int, int, int]:
 
 
 def causal_conv1d_update_triton(x: Tensor, conv_state: Tensor, weight: Tensor, bias: Tensor | None = None, *,
-                                activation: str | None = "silu", update_state: bool = True) -> Tensor:
+                                activation: str | None = "silu", update_state: bool = True,
+                                save_input: Tensor | None = None) -> Tensor:
     """Triton form of ``causal_conv1d_update`` (see ``ssmspec.ops.causal_conv1d``)."""
     bsz, L, Cdim, W1 = _check(x, conv_state)
     if weight.shape != (Cdim, W1 + 1):
         raise ValueError(f"weight must be (C, W) = {(Cdim, W1 + 1)}, got {tuple(weight.shape)}")
     if activation not in ("silu", "swish", None, "identity"):
         raise ValueError(f"unsupported conv activation {activation!r}; use 'silu' or None")
-    return _launch(x, conv_state, weight, bias, activation=activation, update=update_state)
+    return _launch(x, conv_state, weight, bias, activation=activation, update=update_state, save=save_input)
 
 
 def _launch(x: Tensor, st: Tensor, weight: Tensor, bias: Tensor | None, *, activation, update: bool,
-            src: Tensor | None = None, dst: Tensor | None = None, keep: Tensor | None = None) -> Tensor:
+            src: Tensor | None = None, dst: Tensor | None = None, keep: Tensor | None = None,
+            save: Tensor | None = None) -> Tensor:
     bsz, L, Cdim = x.shape
     y = torch.empty_like(x)
     d = dummy(weight)
     grid = (bsz, triton.cdiv(Cdim, _BLOCK_C))
     _conv_update_kernel[grid](x, st, weight, bias if bias is not None else d, y,
                               src if src is not None else d, dst if dst is not None else d,
-                              keep if keep is not None else d, L, Cdim,
+                              keep if keep is not None else d, save if save is not None else d, L, Cdim,
                               *x.stride(), *st.stride(), *weight.stride(), *y.stride(),
+                              *(save.stride() if save is not None else (0, 0, 0)),
                               W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
-                              UPDATE=update, HAS_SLOTS=src is not None, HAS_KEEP=keep is not None, BLOCK_C=_BLOCK_C,
-                              num_warps=4)
+                              UPDATE=update, HAS_SLOTS=src is not None, HAS_KEEP=keep is not None,
+                              SAVE=save is not None, BLOCK_C=_BLOCK_C, num_warps=4)
     return y
 
 
