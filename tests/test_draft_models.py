@@ -242,3 +242,20 @@ def test_costed_oracle_needs_the_drafters_spec():
     with pytest.raises(ValueError, match=r"the oracle drafts SpecConfig\(draft_len=3.*but the costed drafter "
                                          r"draft_model drafts SpecConfig\(draft_len=2.*same draft_len"):
         CostedOracle(oracle, make_drafter("draft_model", draft="tiny-mamba2", draft_len=2))
+
+
+def test_resume_without_a_row_names_row_zero_of_one_row_engines(models):
+    """``resume(None, accepted)`` (one chain: its row is row 0) keeps the resumed row at 0; an engine of several
+    drafting rows per sequence refuses it, since it cannot know which row the target accepted."""
+    from ssmspec.engine.draft import DraftEngine
+
+    draft = models[0]
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    one = DraftEngine(draft, width=1, depth=4, reorders=False, resumes=True)
+    one.reset(prompts, max_new_tokens=16)
+    one.resume(None, torch.tensor([2, 9]))
+    assert one.skip.tolist() == [2, 3] and one.skip_row.tolist() == [0, 0]  # clamped at S - 1
+    two = DraftEngine(draft, width=2, depth=4, reorders=False, resumes=True)
+    two.reset(prompts, max_new_tokens=16)
+    with pytest.raises(ValueError, match="names row 0"):
+        two.resume(None, torch.tensor([1, 1]))
