@@ -6,6 +6,7 @@ chance and drafts through the mtp drafter."""
 from __future__ import annotations
 
 import pytest
+import torch
 from pipeline_helpers import run_rows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -107,3 +108,21 @@ def test_a_family_the_train_run_lacks_is_one_error_line(cli, tmp_path, train_cac
                          f"results_dir={tmp_path / 'run'}")
     assert status == 2 and "trains no 'qwen3_5' pair" in err and "['mamba2']" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_throughput_rows_count_the_kernels_of_a_step(cli, tmp_path, train_cache):
+    """On CUDA with graphs every throughput row carries the kernels one step launches (profiled after the timed
+    steps, within the engine's budget): a speculative step (its drafting, the wider verify, the verdict and the
+    commit) launches more than an autoregressive one, and a whole number of kernels a step."""
+    tp = ("+bench.throughput={sets: [validation], batch: [1], draft_len: [3], R: 8, prompt_len: 32, dtype: auto, "
+          "cuda_graph: auto, warmup: 1, iters: 4, lines: [{drafter: draft_model, strategy: replay}, "
+          "{drafter: png, strategy: replay}]}")
+    rows = run_rows(cli, tmp_path, SMALL, "device=cuda", "bench.sets=[validation]", f"bench.cache_dir={train_cache}",
+                    tp)
+    thr = {r["line"]: r for r in rows if r["kind"] == "throughput"}
+    assert all(r["status"] == "ok" and r["timing"] == "cuda_graph" for r in thr.values())
+    ar, dm, png = thr["autoregressive"], thr["replay + draft_model"], thr["replay + png"]
+    assert 0 < ar["kernels_per_step"] < min(png["kernels_per_step"], dm["kernels_per_step"])
+    assert all(float(r["kernels_per_step"]).is_integer() for r in (ar, dm, png))  # every profiled step the same

@@ -12,7 +12,10 @@ line and by every ``(drafter, strategy, S)`` of ``bench.throughput.lines`` x ``d
 random-weight experiments run). Each row carries
 ``tokens_per_s`` (emitted tokens: accepted + 1 per sequence and step, over the steps' summed time),
 ``speedup_vs_ar`` (over the autoregressive line of the same set and batch), ``mean_accepted`` and ``ref_match``
-(the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype).
+(the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype). Captured
+rows also carry ``kernels_per_step``: the GPU kernels one step launches (drafting included), from
+``PROFILED_STEPS`` profiled steps after the timed ones (``bench/kernel_profile.py``; the engine's budget keeps
+room for them) -- a model this small is its launches, so this count is what its speedup turns on.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ssmspec import config as C
 from ssmspec.bench.e2e import _is_oom, throughput_row
+from ssmspec.bench.kernel_profile import profile_steps
 from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.steps_replay import release
 from ssmspec.bench.real_drafters import measured_drafter
@@ -32,6 +36,7 @@ from ssmspec.strategies import SpecConfig
 log = logging.getLogger("ssmspec.bench.trained")
 
 LINE_KEYS = {"drafter", "strategy"}
+PROFILED_STEPS = 2  # within the two steps of slack that _horizon leaves after the timed ones
 DRAFTERS = ("draft_model", "png", "mtp")
 
 
@@ -49,7 +54,7 @@ def check_throughput(t: DictConfig) -> None:
 
 
 def _horizon(t: DictConfig) -> int:
-    """New tokens every engine may emit: all timed steps at the longest chain, plus slack."""
+    """New tokens every engine may emit: all timed steps at the longest chain, plus two steps (the profiled ones)."""
     return (int(t.warmup) + int(t.iters) + 2) * (max(int(s) for s in t.draft_len) + 1)
 
 
@@ -102,6 +107,8 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                     eng.prefill(ids, valid, sample)
                     row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference, oracle_alpha=None,
                                          **row_head)
+                    if eng.graphed:  # what a captured step launches (profiled after the timed steps)
+                        row["kernels_per_step"], _ = profile_steps(eng, steps=PROFILED_STEPS)
                 except (torch.OutOfMemoryError, RuntimeError) as e:
                     if not _is_oom(e):
                         raise
