@@ -102,7 +102,9 @@ def owner_alive(rec: dict) -> bool:
 def new_partial(final: Path) -> Path:
     """Create ``final/.partial-<hex>/`` holding this process's owner record."""
     folder = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=final))
-    (folder / OWNER_FILE).write_text(json.dumps(owner_record()) + "\n")
+    scratch = folder / f"{OWNER_FILE}.tmp"  # written whole, then renamed: a reader never sees half a record
+    scratch.write_text(json.dumps(owner_record()) + "\n")
+    os.replace(scratch, folder / OWNER_FILE)
     return folder
 
 

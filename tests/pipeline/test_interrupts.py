@@ -74,6 +74,11 @@ def partials(top: Path, pattern: str = "*") -> list[Path]:
     return [p for p in top.rglob(".partial-*") if p.is_dir() and p.match(f"{pattern}/.partial-*")]
 
 
+def staged(top: Path, pattern: str = "*") -> list[Path]:
+    """The staging folders whose owner record is written (``new_partial`` makes the folder, then the record)."""
+    return [p for p in partials(top, pattern) if rundir.read_owner(p) is not None]
+
+
 def empty_dirs(top: Path) -> list[Path]:
     return [p for p in top.rglob("*") if p.is_dir() and not any(p.iterdir())]
 
@@ -88,7 +93,7 @@ def one_line(err: str) -> str:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_ends_a_run_with_one_line_and_nothing_left(tmp_path, sig):
     run = Cmd(tmp_path, "run", *SLOW)  # default run directory: runs/throughput_ar/<time>/<overrides>
-    (partial,) = wait_for(lambda: partials(tmp_path), "the staging folder", run)
+    (partial,) = wait_for(lambda: staged(tmp_path), "the staging folder", run)
     assert rundir.read_owner(partial)["pid"] == run.proc.pid
     assert run.signal(sig) == 128 + sig
     _, err = run.output()
@@ -101,7 +106,7 @@ def test_an_interrupted_run_keeps_the_previous_files_of_its_results_dir(tmp_path
     out.mkdir()
     (out / "results.jsonl").write_text('{"old": 1}\n')
     run = Cmd(tmp_path, "run", *SLOW, "results_dir=out")
-    wait_for(lambda: partials(out), "the staging folder", run)
+    wait_for(lambda: staged(out), "the staging folder", run)
     assert run.signal(signal.SIGTERM) == 143
     _, err = run.output()
     assert one_line(err) == "interrupted (SIGTERM): nothing of this run was written; out keeps its previous files"
@@ -110,7 +115,7 @@ def test_an_interrupted_run_keeps_the_previous_files_of_its_results_dir(tmp_path
 
 def test_an_interrupted_sweep_keeps_the_jobs_that_finished(tmp_path):
     run = Cmd(tmp_path, "run", "-m", *FAST[:-1], "bench.iters=2,1000000", "results_dir=sweep")
-    wait_for(lambda: partials(tmp_path, "1_*"), "job #1's staging folder", run)
+    wait_for(lambda: staged(tmp_path, "1_*"), "job #1's staging folder", run)
     assert run.signal(signal.SIGINT) == 130
     _, err = run.output()
     assert one_line(err) == ("interrupted (SIGINT): job(s) #0 finished and are kept in sweep; nothing of job #1 "
@@ -125,7 +130,7 @@ def test_an_interrupted_gpu_queue_sweep_stops_its_children(tmp_path):
     # (keeping finished jobs is the same code as reproduce's, tested below)
     run = Cmd(tmp_path, "run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.cpu_jobs=1",
               *FAST[:-1], "bench.iters=1000000,2", "results_dir=sweep")
-    (partial,) = wait_for(lambda: partials(tmp_path / "sweep", "0_*"), "job #0's staging folder", run)
+    (partial,) = wait_for(lambda: staged(tmp_path / "sweep", "0_*"), "job #0's staging folder", run)
     child = rundir.read_owner(partial)
     assert child["pid"] != run.proc.pid
     assert run.signal(signal.SIGTERM) == 143
@@ -152,7 +157,7 @@ def three_experiments(tmp_path):
 
 def test_an_interrupted_reproduce_stops_its_child_and_keeps_what_finished(tmp_path, three_experiments):
     run = Cmd(tmp_path, "reproduce", "--profile", "cpu", "--only", "exp_a,exp_b,exp_c", env=three_experiments)
-    (partial,) = wait_for(lambda: partials(tmp_path, "exp_b/cpu"), "exp_b's staging folder", run)
+    (partial,) = wait_for(lambda: staged(tmp_path, "exp_b/cpu"), "exp_b's staging folder", run)
     child = rundir.read_owner(partial)
     assert run.signal(signal.SIGTERM) == 143
     out, err = run.output()
@@ -173,7 +178,7 @@ def test_an_interrupted_reproduce_save_reference_keeps_the_older_references(tmp_
     (ref / "results.jsonl").write_text('{"old": 1}\n')
     run = Cmd(tmp_path, "reproduce", "--profile", "cpu", "--only", "exp_b,exp_c", "--save-reference",
               env=three_experiments)
-    (partial,) = wait_for(lambda: partials(ref), "exp_b's staging folder", run)
+    (partial,) = wait_for(lambda: staged(ref), "exp_b's staging folder", run)
     child = rundir.read_owner(partial)
     assert run.signal(signal.SIGINT) == 130
     out, err = run.output()
@@ -188,7 +193,7 @@ def test_an_interrupted_reproduce_save_reference_keeps_the_older_references(tmp_
 def test_the_next_run_removes_the_staging_folder_of_a_killed_one(tmp_path):
     out = tmp_path / "out"
     run = Cmd(tmp_path, "run", *SLOW, "results_dir=out")
-    (partial,) = wait_for(lambda: partials(out), "the staging folder", run)
+    (partial,) = wait_for(lambda: staged(out), "the staging folder", run)
     assert run.signal(signal.SIGKILL) == -signal.SIGKILL
     run.output()
     assert partial.is_dir() and not rundir.owner_alive(rundir.read_owner(partial))  # SIGKILL cannot be caught
@@ -253,7 +258,7 @@ def test_clean_needs_no_venv_and_keeps_live_runs(tmp_path):
 def test_a_second_run_into_the_same_results_dir_is_refused(tmp_path):
     out = tmp_path / "out"
     first = Cmd(tmp_path, "run", *SLOW, "results_dir=out")
-    (partial,) = wait_for(lambda: partials(out), "the first run's staging folder", first)
+    (partial,) = wait_for(lambda: staged(out), "the first run's staging folder", first)
     t0 = time.monotonic()
     second = Cmd(tmp_path, "run", *FAST, "results_dir=out")
     assert second.wait() == 2
