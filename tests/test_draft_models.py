@@ -246,7 +246,7 @@ def test_costed_oracle_needs_the_drafters_spec():
 
 def test_resume_without_a_row_names_row_zero_of_one_row_engines(models):
     """``resume(None, accepted)`` (one chain: its row is row 0) keeps the resumed row at 0; an engine of several
-    drafting rows per sequence refuses it, since it cannot know which row the target accepted."""
+    drafting rows per sequence refuses it, since it cannot know which row the target accepted, and changes nothing."""
     from ssmspec.engine.draft import DraftEngine
 
     draft = models[0]
@@ -257,5 +257,7 @@ def test_resume_without_a_row_names_row_zero_of_one_row_engines(models):
     assert one.skip.tolist() == [2, 3] and one.skip_row.tolist() == [0, 0]  # clamped at S - 1
     two = DraftEngine(draft, width=2, depth=4, reorders=False, resumes=True)
     two.reset(prompts, max_new_tokens=16)
+    before = two.skip.clone()
     with pytest.raises(ValueError, match="names row 0"):
         two.resume(None, torch.tensor([1, 1]))
+    assert torch.equal(two.skip, before)  # refused before anything changed

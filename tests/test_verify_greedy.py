@@ -158,16 +158,15 @@ def test_chain_layout_keeps_nothing_made_during_a_graph_capture(monkeypatch):
     own there and caches nothing; outside a capture it is kept."""
     import ssmspec.drafting.base as base
     import ssmspec.engine.step as step
+    import ssmspec.ops.capture as capture
 
     monkeypatch.setattr(base, "_CHAIN_LAYOUTS", {})
     monkeypatch.setattr(step, "_COLUMNS", {})
-    monkeypatch.setattr(base, "capturing", lambda device: True)
-    monkeypatch.setattr(step, "capturing", lambda device: True)
+    monkeypatch.setattr(capture, "capturing", lambda device: True)
     parents, depths = base.chain_layout(2, 3, "cpu")
     assert parents.tolist() == [[0, 1, 2, 0, 4, 5]] and depths.tolist() == [[0, 1, 2, 3, 1, 2, 3]]
     assert step._columns(4, "cpu").tolist() == [[0, 1, 2, 3]]
     assert not base._CHAIN_LAYOUTS and not step._COLUMNS
-    monkeypatch.setattr(base, "capturing", lambda device: False)
-    monkeypatch.setattr(step, "capturing", lambda device: False)
+    monkeypatch.setattr(capture, "capturing", lambda device: False)
     assert base.chain_layout(2, 3, "cpu")[0] is base.chain_layout(2, 3, "cpu")[0]
     assert step._columns(4, "cpu") is step._columns(4, "cpu")

@@ -303,10 +303,12 @@ def test_no_counters_are_made_inside_a_graph_capture(monkeypatch):
             launches.append(grid)
             return orig[grid]
     monkeypatch.setattr(T, "_norm_gemv_kernel", Spy())
-    monkeypatch.setattr(T, "_capturing", lambda weight: True)
+    asked = []  # the devices whose capture state was asked: the weight's (its counters live there)
+    monkeypatch.setattr(T, "capturing", lambda device: asked.append(device) or True)
     out = T.linear_small_triton(x, w, b)
     assert launches == [(3, 1)] and not [k for k in T._COUNTERS if k[1] == w.data_ptr()]
     assert_close(out, F.linear(x, w, b), TOL[torch.float32], "out")
-    monkeypatch.setattr(T, "_capturing", lambda weight: False)
+    assert asked == [w.device]
+    monkeypatch.setattr(T, "capturing", lambda device: False)
     assert_close(T.linear_small_triton(x, w, b), F.linear(x, w, b), TOL[torch.float32], "out")
     assert launches[-1] == (3, 3) and [k for k in T._COUNTERS if k[1] == w.data_ptr()]

@@ -13,6 +13,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from ssmspec.ops.capture import kept
+
 
 @dataclass
 class DraftTree:
@@ -96,28 +98,16 @@ def chain_layout(D: int, S: int, device) -> tuple[Tensor, Tensor]:
     """The fixed layout of D chains of S drafts: (parents (1, D*S), depths with the root (1, 1+D*S)), int64.
 
     A step of a chain drafter would otherwise rebuild these every step (a handful of launches each, inside every
-    captured step). Kept per (D, S, device) once built outside a CUDA graph capture: a tensor made during a capture
-    is only filled when the graph replays, so a capture computes its own and keeps nothing. Shared: read only."""
-    key = (D, S, str(torch.device(device)))
-    hit = _CHAIN_LAYOUTS.get(key)
-    if hit is not None:
-        return hit
-    idx = torch.arange(S, device=device)
-    base = 1 + torch.arange(D, device=device)[:, None] * S  # first node of each chain
-    parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1).reshape(1, D * S)  # (1, D*S)
-    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (idx + 1).repeat(D)])[None]  # (1, 1+D*S)
-    if not capturing(device):
-        _CHAIN_LAYOUTS[key] = (parents, depths)
-    return parents, depths
+    captured step). Kept per (D, S, device) once built outside a CUDA graph capture (``ops/capture.py``). Shared:
+    read only."""
+    def build() -> tuple[Tensor, Tensor]:
+        idx = torch.arange(S, device=device)
+        base = 1 + torch.arange(D, device=device)[:, None] * S  # first node of each chain
+        parents = torch.where(idx[None] == 0, torch.zeros_like(base), base + idx[None] - 1).reshape(1, D * S)
+        depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), (idx + 1).repeat(D)])[None]
+        return parents, depths  # (1, D*S), (1, 1+D*S)
 
-
-def capturing(device) -> bool:
-    """Whether ``device``'s current CUDA stream is capturing a graph (False off CUDA)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return False
-    with torch.cuda.device(device):
-        return torch.cuda.is_current_stream_capturing()
+    return kept(_CHAIN_LAYOUTS, (D, S, str(torch.device(device))), device, build)
 
 
 @dataclass

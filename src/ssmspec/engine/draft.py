@@ -173,11 +173,11 @@ class DraftEngine:
         resumes from that row's state after the deepest of them it fed (module doc). Device ops only; engines of
         moving rows ignore it."""
         if self.chains:
+            if row is None and self.W != 1:  # refused before anything changes
+                raise ValueError(f"resume(None, ...) names row 0, but this engine drafts {self.W} rows per sequence")
             self.skip.copy_(accepted.clamp(max=self.S - 1))
             if row is not None:
                 self.skip_row.copy_(row)
-            elif self.W != 1:
-                raise ValueError(f"resume(None, ...) names row 0, but this engine drafts {self.W} rows per sequence")
 
     @torch.no_grad()
     def absorb(self, buf: TokenBuffer) -> Tensor:

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ssmspec.drafting.base import DraftTree, TokenBuffer, capturing
+from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import HybridLM
+from ssmspec.ops.capture import kept
 from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase
 from ssmspec.verify.base import Verdict
 
@@ -285,14 +286,8 @@ _COLUMNS: dict[tuple, Tensor] = {}
 
 
 def _columns(C: int, device) -> Tensor:
-    """(1, C) = 0 .. C-1, one constant per (C, device), made outside any graph capture (``chain_layout``'s rule)."""
-    key = (C, str(device))
-    hit = _COLUMNS.get(key)
-    if hit is None:
-        hit = torch.arange(C, device=device)[None]
-        if not capturing(device):
-            _COLUMNS[key] = hit
-    return hit
+    """(1, C) = 0 .. C-1, one constant per (C, device), made outside any graph capture (``ops/capture.py``)."""
+    return kept(_COLUMNS, (C, str(device)), device, lambda: torch.arange(C, device=device)[None])
 
 
 def kv_source(step: StepInputs, verdict: Verdict, bsz: int) -> tuple[Tensor, Tensor]:

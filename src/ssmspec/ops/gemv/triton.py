@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ssmspec.ops.capture import capturing
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.gemv import MAX_M
 from ssmspec.ops.norm.naive import residual_dtype
@@ -202,11 +203,6 @@ def _check(x: Tensor, weight: Tensor, bias: Tensor | None, h_dtype: torch.dtype)
 _COUNTERS: dict[tuple, Tensor] = {}  # (device, weight's address, column blocks) -> int32 zeros each launch leaves zero
 
 
-def _capturing(weight: Tensor) -> bool:
-    """Whether a CUDA graph is being captured on the current stream of ``weight``'s device."""
-    return weight.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def _counters(weight: Tensor, blocks: int) -> Tensor | None:
     """The split-K arrival counters of one weight: kept for the process (a captured graph holds their address,
     so they are never freed). Calls on one weight never overlap: a model runs its layers in order, one call at a
@@ -216,7 +212,7 @@ def _counters(weight: Tensor, blocks: int) -> Tensor | None:
     key = (weight.device, weight.data_ptr(), blocks)
     cnt = _COUNTERS.get(key)
     if cnt is None:
-        if _capturing(weight):
+        if capturing(weight.device):
             return None
         cnt = _COUNTERS[key] = torch.zeros(blocks, dtype=torch.int32, device=weight.device)
     return cnt
