@@ -37,6 +37,7 @@ TRITON_MODULES = {
     "ssmspec.ops.tree_scan.triton": ("tree_scan_triton", "tree_conv1d_triton"),
     "ssmspec.ops.gdn.recurrent": ("gdn_multistep_triton", "gdn_multistep_snapshot_triton"),
     "ssmspec.ops.gdn.replay": ("gdn_replay_verify_triton",),
+    "ssmspec.ops.absorb_plan.triton": ("absorb_plan_triton",),
 }
 
 
@@ -123,6 +124,27 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
     assert out.sequences == ref
     assert {"causal_conv1d_update_triton"} <= set(kernel_calls) or strategy == "stree"  # stree: tree conv
     assert _expected_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
+
+
+@pytest.mark.parametrize("draft_seed", [None, 7], ids=["draft-is-target", "other-draft"])
+def test_draft_model_drafter_on_triton_kernels_is_lossless(draft_seed, kernel_calls):
+    """A draft model (tiny-hybrid: Mamba-2 and attention layers) drafting through the draft engine on the
+    kernels, its absorb planned by ``ops/absorb_plan``'s one launch: the target's own weights as the draft
+    (every chain accepted: each absorb resumes at the deepest depth, the resumed row's keys join the cache) and
+    another model's (mostly rejected: absorbs from the committed state)."""
+    from ssmspec.drafting import make_drafter
+
+    prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
+    new = 8
+    model, ref = _clear_model("tiny-hybrid", prompts, new)
+    draft = model if draft_seed is None else build_model(load_preset("tiny-hybrid"), seed=draft_seed, device=DEVICE,
+                                                         dtype=torch.float32)
+    kernel_calls.clear()
+    out = _run(model, prompts, "replay", new, make_drafter("draft_model", draft=draft, draft_len=3))
+    assert out.sequences == ref
+    assert {"absorb_plan_triton", "replay_verify_triton"} <= set(kernel_calls), sorted(kernel_calls)
+    if draft_seed is None:
+        assert out.mean_accepted() > 1.5, out.mean_accepted()
 
 
 def _expected_gdn_kernels(name: str) -> set[str]:

@@ -83,8 +83,8 @@ class DraftModel(ModelDrafterBase, DrafterBase):
                 t = draw(probs, self.gen)
                 qs.append(probs)
             toks.append(t)
-            if k < S:
-                logits = eng.step(t, depth=k)
+            if k < S:  # greedy ranks the logits only: the model dtype's argmax is its exact fp32 upcast's
+                logits = eng.step(t, depth=k, fp32=not self.sampling.greedy)
         bsz = root.shape[0]
         tokens = torch.stack(toks, dim=1).reshape(bsz, D, S).to(self.device)
         q = torch.stack(qs, dim=1).reshape(bsz, D, S, -1).to(self.device) if qs else None

@@ -40,6 +40,7 @@ from ssmspec.drafting.base import TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import DraftKV
 from ssmspec.models.model import HybridLM
+from ssmspec.ops.absorb_plan import absorb_plan
 from ssmspec.strategies import StepInputs, StrategyBase, make_strategy
 
 DEFAULT_MAX_NEW_TOKENS = 1024  # KV budget of new tokens when reset() is not told (clipped to max_seq_len)
@@ -108,11 +109,14 @@ class DraftEngine:
         # static per depth 1 .. S-1 when rows keep their parents: (source slots (R,), destination slots (R, 1))
         self._slots = [(self.home[self.seq] if d == 1 else self._work(d - 1, self.row_w), self._work(d, self.row_w)[:, None])
                        for d in range(1, S)]
-        self._depth_from_root = torch.arange(0, max(S - 1, 1), device=dev)[None]  # (1, S-1) = depth 1.. - 1
-        self._resume_base = self.batch + self.home * self.P - 1  # (B,) _work(skip, 0, home) - skip (one row)
         self._pos = torch.zeros(B * W, max(S - 1, 1), dtype=torch.long, device=dev)  # (R, S-1) set by absorb
         self.skip = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) accepted depth the next absorb resumes at
         self.skip_row = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) drafting row (0 .. W-1) it resumes in
+        # the absorb's plan (ops/absorb_plan, one launch): call tokens, positions, valid, source slots, counts
+        long = dict(dtype=torch.long, device=dev)
+        self._ids, self._apos = torch.zeros(B, self.A, **long), torch.zeros(B, self.A, **long)
+        self._valid = torch.zeros(B, self.A, dtype=torch.bool, device=dev)
+        self._src, self._n, self._skip_eff, self._last_idx = (torch.zeros(B, **long) for _ in range(4))
         self._prefill(prompts)
 
     def _work(self, depth: int | Tensor, w: Tensor, seq: Tensor | None = None) -> Tensor:
@@ -185,44 +189,34 @@ class DraftEngine:
         ``resume`` vouches for (module doc); returns (B, V) draft logits (fp32) after each sequence's last
         absorbed token (the root). Sequences with nothing new keep their last logits. Device ops only."""
         self.check_buffer(buf)
-        B, col, dev = self.batch, self._cols, buf.tokens.device
-        behind = (buf.length - self.consumed).clamp(min=0)  # (B,) buffer tokens not absorbed yet
-        skip = torch.minimum(self.skip, (behind - 1).clamp(min=0))  # (B,) of them already fed at depths 1..skip
-        n = (behind - skip).clamp(max=self.A)  # (B,) tokens this call feeds
-        start = self.consumed + skip  # (B,) buffer column of the first one
-        valid = col < n[:, None]  # (B, A) valid tokens first
-        pos = start[:, None] + col  # (B, A) buffer columns = positions of the fed tokens
-        ids = buf.tokens.gather(1, pos.clamp(max=buf.capacity - 1))
-        ids = torch.where(valid, ids, self.model.cfg.pad_token_id)
-        src = self.home
-        if self.chains:  # the state after depth ``skip`` of the resumed row (skip 0: the committed state)
-            # _work(skip, skip_row, home) = batch + (home W + skip_row) P + skip - 1; with one row, skip_row is 0
-            at = self._resume_base + skip if self.W == 1 else self._work(skip.clamp(min=1), self.skip_row, self.home)
-            src = torch.where(skip > 0, at, self.home)
-            if self.kv:
-                rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
-                for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
-                    kv.cache.append(kv.k[rows].transpose(1, 2), kv.v[rows].transpose(1, 2), skip)
+        B = self.batch
+        absorb_plan(buf.tokens, buf.length, self.consumed, self.skip, self.skip_row, ids=self._ids, pos=self._apos,
+                    valid=self._valid, src=self._src, n=self._n, skip_eff=self._skip_eff, last_idx=self._last_idx,
+                    row_pos=self._pos, pad=self.model.cfg.pad_token_id, resumes=self.chains, width=self.W,
+                    per_row=self.P, slots_base=self.batch)
+        if self.chains and self.kv:
+            rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
+            for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
+                kv.cache.append(kv.k[rows].transpose(1, 2), kv.v[rows].transpose(1, 2), self._skip_eff)
         for kv in self.kv:
             kv.set_call("commit")
-        self.ctx.step = StepInputs(ids, pos, valid=valid, kv_bound=self.capacity, src_slot=src,
-                                   dst_slot=self.home[:, None])
-        h = self.model.hidden(ids, self.ctx)  # (B, A, d)
-        last = h.gather(1, (n - 1).clamp(min=0)[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
+        self.ctx.step = StepInputs(self._ids, self._apos, valid=self._valid, kv_bound=self.capacity,
+                                   src_slot=self._src, dst_slot=self.home[:, None])
+        h = self.model.hidden(self._ids, self.ctx)  # (B, A, d)
+        last = h.gather(1, self._last_idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
         for kv in self.kv:
-            kv.cache.commit(torch.arange(B, device=dev), col.expand(B, -1), n)
-        self.last.copy_(torch.where((n > 0)[:, None], self.model.logits(last)[:, 0], self.last))
-        self.consumed += skip + n
-        self.skip.zero_()  # a resume holds for one absorb
-        consumed = self.consumed if self.W == 1 else self.consumed[self.seq]  # (R,) one row per sequence: itself
-        self._pos.copy_(consumed[:, None] + self._depth_from_root)  # the root sits at consumed - 1
+            kv.cache.commit(self.home, self._cols.expand(B, -1), self._n)
+        # a sequence with nothing new (valid[:, 0] False: n = 0) keeps its last logits; a bf16 / fp16 head's output
+        # is upcast (exactly) by the where that writes the fp32 logits (a float64 model's cannot narrow there)
+        head = self.model.logits(last, fp32=self.model.dtype == torch.float64)[:, 0]
+        torch.where(self._valid[:, :1], head, self.last, out=self.last)
         return self.last
 
     @torch.no_grad()
-    def step(self, tokens: Tensor, depth: int, parents: Tensor | None = None) -> Tensor:
+    def step(self, tokens: Tensor, depth: int, parents: Tensor | None = None, *, fp32: bool = True) -> Tensor:
         """tokens (B*W,) fed at ``depth`` (1 .. S-1), row r continuing from row ``parents[r]`` (B*W,) of depth
         ``depth`` - 1 (None: itself; at depth 1 every row continues from the committed state) -> (B*W, V)
-        draft logits (fp32)."""
+        draft logits, fp32 or (``fp32=False``, for a caller that only ranks them) in the model dtype."""
         if not 1 <= depth < self.S:
             raise ValueError(f"draft depth {depth} outside 1 .. {self.S - 1}")
         if parents is not None and not self.reorders:
@@ -239,7 +233,7 @@ class DraftEngine:
             kv.set_call("depth", depth, self.anc)
         self.ctx.step = StepInputs(ids, self._pos[:, depth - 1:depth], seq_index=self.seq, kv_bound=self.capacity,
                                    src_slot=src, dst_slot=dst)
-        logits = self.model(ids, self.ctx)[:, -1]
+        logits = self.model(ids, self.ctx, fp32=fp32)[:, -1]
         if self.kv:
             self.anc[:, depth] = torch.arange(self.anc.shape[0], device=ids.device)
         return logits
