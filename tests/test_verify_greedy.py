@@ -154,19 +154,15 @@ def test_chain_layout_is_the_tree_rule_and_shared():
 
 def test_chain_layout_keeps_nothing_made_during_a_graph_capture(monkeypatch):
     """A tensor made during a CUDA graph capture is filled only when that graph replays, so a constant first built
-    inside a capture must not be kept for later readers: the layout (and the step's column constant) computes its
-    own there and caches nothing; outside a capture it is kept."""
+    inside a capture must not be kept for later readers: the layout computes its own there and caches nothing;
+    outside a capture it is kept (``ops/capture.py:kept``)."""
     import ssmspec.drafting.base as base
-    import ssmspec.engine.step as step
     import ssmspec.ops.capture as capture
 
     monkeypatch.setattr(base, "_CHAIN_LAYOUTS", {})
-    monkeypatch.setattr(step, "_COLUMNS", {})
     monkeypatch.setattr(capture, "capturing", lambda device: True)
     parents, depths = base.chain_layout(2, 3, "cpu")
     assert parents.tolist() == [[0, 1, 2, 0, 4, 5]] and depths.tolist() == [[0, 1, 2, 3, 1, 2, 3]]
-    assert step._columns(4, "cpu").tolist() == [[0, 1, 2, 3]]
-    assert not base._CHAIN_LAYOUTS and not step._COLUMNS
+    assert not base._CHAIN_LAYOUTS
     monkeypatch.setattr(capture, "capturing", lambda device: False)
     assert base.chain_layout(2, 3, "cpu")[0] is base.chain_layout(2, 3, "cpu")[0]
-    assert step._columns(4, "cpu") is step._columns(4, "cpu")

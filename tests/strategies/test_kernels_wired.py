@@ -38,6 +38,7 @@ TRITON_MODULES = {
     "ssmspec.ops.gdn.recurrent": ("gdn_multistep_triton", "gdn_multistep_snapshot_triton"),
     "ssmspec.ops.gdn.replay": ("gdn_replay_verify_triton",),
     "ssmspec.ops.absorb_plan.triton": ("absorb_plan_triton",),
+    "ssmspec.ops.emit.triton": ("emit_triton",),
 }
 
 
@@ -123,6 +124,7 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
     out = _run(model, prompts, strategy, new, drafter)
     assert out.sequences == ref
     assert {"causal_conv1d_update_triton"} <= set(kernel_calls) or strategy == "stree"  # stree: tree conv
+    assert "emit_triton" in kernel_calls  # every step emits its tokens in one launch (ops/emit)
     assert _expected_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
 
 
@@ -135,14 +137,14 @@ def test_draft_model_drafter_on_triton_kernels_is_lossless(draft_seed, kernel_ca
     from ssmspec.drafting import make_drafter
 
     prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
-    new = 8
+    new = 5
     model, ref = _clear_model("tiny-hybrid", prompts, new)
     draft = model if draft_seed is None else build_model(load_preset("tiny-hybrid"), seed=draft_seed, device=DEVICE,
                                                          dtype=torch.float32)
     kernel_calls.clear()
     out = _run(model, prompts, "replay", new, make_drafter("draft_model", draft=draft, draft_len=3))
     assert out.sequences == ref
-    assert {"absorb_plan_triton", "replay_verify_triton"} <= set(kernel_calls), sorted(kernel_calls)
+    assert {"absorb_plan_triton", "replay_verify_triton", "emit_triton"} <= set(kernel_calls), sorted(kernel_calls)
     if draft_seed is None:
         assert out.mean_accepted() > 1.5, out.mean_accepted()
 

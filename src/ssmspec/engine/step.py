@@ -33,7 +33,7 @@ from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import HybridLM
-from ssmspec.ops.capture import kept
+from ssmspec.ops.emit import emit
 from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase
 from ssmspec.verify.base import Verdict
 
@@ -102,7 +102,7 @@ class DecodeStep:
         self.seq_len = torch.zeros(batch, dtype=torch.long, device=dev)  # (B,) tokens folded into the state
         self.emitted = torch.zeros(batch, dtype=torch.long, device=dev)  # (B,) tokens emitted so far
         self.done = torch.zeros(batch, dtype=torch.bool, device=dev)  # (B,) finished (EOS or budget)
-        self.report = torch.zeros(batch, 4 + self.depth, dtype=torch.long, device=dev)  # see _append()
+        self.report = torch.zeros(batch, 4 + self.depth, dtype=torch.long, device=dev)  # see _emit()
         self.ctx = RunContext(strategy=strategy, kv=self.kv, step=None)
         self.kv_bound = kv_capacity  # host bound on committed KV slots a call may read
         self.grow_bound = True  # eager runs: raise kv_bound by one step's tokens per step (host knowledge);
@@ -150,8 +150,7 @@ class DecodeStep:
         self.seq_len.copy_(n)
         self.emitted.zero_()
         self.done.zero_()
-        self._append(first[:, None], torch.ones_like(n), accepted=torch.zeros_like(n))
-        self.pending.copy_(first)
+        self._emit(None, None, torch.zeros_like(n), first, fold=False)  # the first token, pending from here
 
     @torch.no_grad()
     def start_synthetic(self, context: int, pending: Tensor, *, seed: int = 0) -> None:
@@ -229,50 +228,17 @@ class DecodeStep:
                 nodes = step.gather_nodes(self.hidden)  # (B, 1+T, d)
                 self.drafter.observe_hidden(nodes.gather(1, verdict.path[..., None].expand(-1, -1, nodes.shape[-1])))
             self.drafter.observe(verdict)
-        a = verdict.accepted  # (B,)
-        if drafts is None:
-            toks = verdict.bonus[:, None]  # (B, 1)
-        else:
-            nodes = torch.cat([self.pending[:, None], drafts.tokens], dim=1)  # (B, 1+T) node tokens
-            toks = nodes.gather(1, verdict.path)  # (B, 1+S): pending, then the accepted drafts
-            j = _columns(toks.shape[1], a.device)  # (1, 1+S)
-            # shifted one left, the bonus right after the path: column k < a holds draft k+1 of the path
-            toks = torch.where(j < a[:, None], toks.roll(-1, dims=1), verdict.bonus[:, None])
-        count = a + 1
-        self._append(toks, count, accepted=a)
-        self.seq_len.add_(count)
-        self.pending.copy_(verdict.bonus)
+        tokens, path = (None, None) if drafts is None else (drafts.tokens, verdict.path)
+        self._emit(tokens, path, verdict.accepted, verdict.bonus)
 
-    def _append(self, toks: Tensor, count: Tensor, *, accepted: Tensor) -> None:
-        """Append ``count`` (B,) of ``toks`` (B, C) to every unfinished row, stopping after EOS and at the
-        budget; update the finished flags and the report."""
-        bsz, C = toks.shape
-        j = _columns(C, toks.device)  # (1, C)
-        n = torch.minimum(count, self.max_new_tokens - self.emitted)  # budget
-        eos_end = None  # EOS ends the row (first EOS among the emitted tokens)
-        if self.eos_token_id is not None:
-            eos = (toks == self.eos_token_id) & (j < n[:, None])
-            first = torch.where(eos, j, C).amin(1)  # (B,) first EOS column (C: none)
-            n = torch.minimum(n, first + 1)
-            eos_end = first < n
-        n = torch.where(self.done, 0, n)  # finished rows emit nothing
-        keep = j < n[:, None]  # (B, C)
-        idx = self.buf.length[:, None] + j  # (B, C) columns to write; in range (cap has a step's slack)
-        old = self.buf.tokens.gather(1, idx)
-        self.buf.tokens.scatter_(1, idx, torch.where(keep, toks, old))
-        self.buf.length.add_(n)
-        self.emitted.add_(n)
-        self.done |= self.emitted >= self.max_new_tokens
-        if eos_end is not None:
-            self.done |= eos_end
-        # report (B, 4 + S): emitted tokens (C <= 1 + S columns, -1 past the count), count, accepted, done
-        r = self.report
-        r[:, :C] = torch.where(keep, toks, -1)
-        if C < 1 + self.depth:
-            r[:, C:1 + self.depth] = -1
-        r[:, 1 + self.depth] = n
-        r[:, 2 + self.depth] = accepted
-        r[:, -1] = self.done
+    def _emit(self, drafts: Tensor | None, path: Tensor | None, accepted: Tensor, bonus: Tensor, *,
+              fold: bool = True) -> None:
+        """Append the accepted drafts of ``path`` and the bonus to every unfinished row, stopping after EOS and at
+        the budget; update the finished flags, the report (B, 4 + S: emitted tokens, -1 past the count; count;
+        accepted; done), ``seq_len`` (``fold``) and the pending token: one launch (``ops/emit``)."""
+        emit(self.pending, drafts, path, accepted, bonus, tokens=self.buf.tokens, length=self.buf.length,
+             emitted=self.emitted, done=self.done, seq_len=self.seq_len, report=self.report,
+             max_new=self.max_new_tokens, eos=self.eos_token_id, fold=fold)
 
     def report_of(self, host: Tensor) -> Report:
         """Decode a host copy of ``report``."""
@@ -280,14 +246,6 @@ class DecodeStep:
         S = self.depth
         return Report(tokens=[r[:r[1 + S]] for r in rows], accepted=[r[2 + S] for r in rows],
                       done=[bool(r[-1]) for r in rows])
-
-
-_COLUMNS: dict[tuple, Tensor] = {}
-
-
-def _columns(C: int, device) -> Tensor:
-    """(1, C) = 0 .. C-1, one constant per (C, device), made outside any graph capture (``ops/capture.py``)."""
-    return kept(_COLUMNS, (C, str(device)), device, lambda: torch.arange(C, device=device)[None])
 
 
 def kv_source(step: StepInputs, verdict: Verdict, bsz: int) -> tuple[Tensor, Tensor]:

@@ -2,8 +2,8 @@
 
 A tensor made while a CUDA graph is being captured is a node of that graph: its memory belongs to the graph's
 pool and it holds its values only once the graph replays. Code that keeps small device constants between calls
-(a chain's layout, a column index, a GEMV's split-K counters) therefore keeps only what it made outside a
-capture; a capture that finds nothing kept makes its own for itself and keeps nothing.
+(a chain's layout, a GEMV's split-K counters) therefore keeps only what it made outside a capture; a capture
+that finds nothing kept makes its own for itself and keeps nothing.
 """
 from __future__ import annotations
 
