@@ -37,8 +37,7 @@ TRITON_MODULES = {
     "ssmspec.ops.tree_scan.triton": ("tree_scan_triton", "tree_conv1d_triton"),
     "ssmspec.ops.gdn.recurrent": ("gdn_multistep_triton", "gdn_multistep_snapshot_triton"),
     "ssmspec.ops.gdn.replay": ("gdn_replay_verify_triton",),
-    "ssmspec.ops.absorb_plan.triton": ("absorb_plan_triton",),
-    "ssmspec.ops.emit.triton": ("emit_triton",),
+    "ssmspec.ops.step_glue.triton": ("absorb_plan_triton", "emit_triton", "chain_verdict_triton"),
 }
 
 
@@ -124,14 +123,15 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
     out = _run(model, prompts, strategy, new, drafter)
     assert out.sequences == ref
     assert {"causal_conv1d_update_triton"} <= set(kernel_calls) or strategy == "stree"  # stree: tree conv
-    assert "emit_triton" in kernel_calls  # every step emits its tokens in one launch (ops/emit)
+    assert "emit_triton" in kernel_calls  # every step emits its tokens in one launch (ops/step_glue)
+    assert ("chain_verdict_triton" in kernel_calls) == (drafter is not None)  # one chain's greedy verdict
     assert _expected_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
 
 
 @pytest.mark.parametrize("draft_seed", [None, 7], ids=["draft-is-target", "other-draft"])
 def test_draft_model_drafter_on_triton_kernels_is_lossless(draft_seed, kernel_calls):
     """A draft model (tiny-hybrid: Mamba-2 and attention layers) drafting through the draft engine on the
-    kernels, its absorb planned by ``ops/absorb_plan``'s one launch: the target's own weights as the draft
+    kernels, its absorb planned by ``ops/step_glue``'s one launch: the target's own weights as the draft
     (every chain accepted: each absorb resumes at the deepest depth, the resumed row's keys join the cache) and
     another model's (mostly rejected: absorbs from the committed state)."""
     from ssmspec.drafting import make_drafter

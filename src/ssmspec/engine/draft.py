@@ -40,7 +40,7 @@ from ssmspec.drafting.base import TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import DraftKV
 from ssmspec.models.model import HybridLM
-from ssmspec.ops.absorb_plan import absorb_plan
+from ssmspec.ops.step_glue import absorb_plan
 from ssmspec.strategies import StepInputs, StrategyBase, make_strategy
 
 DEFAULT_MAX_NEW_TOKENS = 1024  # KV budget of new tokens when reset() is not told (clipped to max_seq_len)
@@ -112,7 +112,7 @@ class DraftEngine:
         self._pos = torch.zeros(B * W, max(S - 1, 1), dtype=torch.long, device=dev)  # (R, S-1) set by absorb
         self.skip = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) accepted depth the next absorb resumes at
         self.skip_row = torch.zeros(B, dtype=torch.long, device=dev)  # (B,) drafting row (0 .. W-1) it resumes in
-        # the absorb's plan (ops/absorb_plan, one launch): call tokens, positions, valid, source slots, counts
+        # the absorb's plan (ops/step_glue.absorb_plan, one launch): call tokens, positions, valid, source slots, counts
         long = dict(dtype=torch.long, device=dev)
         self._ids, self._apos = torch.zeros(B, self.A, **long), torch.zeros(B, self.A, **long)
         self._valid = torch.zeros(B, self.A, dtype=torch.bool, device=dev)

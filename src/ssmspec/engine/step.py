@@ -33,7 +33,7 @@ from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import HybridLM
-from ssmspec.ops.emit import emit
+from ssmspec.ops.step_glue import emit
 from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase
 from ssmspec.verify.base import Verdict
 
@@ -235,7 +235,7 @@ class DecodeStep:
               fold: bool = True) -> None:
         """Append the accepted drafts of ``path`` and the bonus to every unfinished row, stopping after EOS and at
         the budget; update the finished flags, the report (B, 4 + S: emitted tokens, -1 past the count; count;
-        accepted; done), ``seq_len`` (``fold``) and the pending token: one launch (``ops/emit``)."""
+        accepted; done), ``seq_len`` (``fold``) and the pending token: one launch (``ops/step_glue.emit``)."""
         emit(self.pending, drafts, path, accepted, bonus, tokens=self.buf.tokens, length=self.buf.length,
              emitted=self.emitted, done=self.done, seq_len=self.seq_len, report=self.report,
              max_new=self.max_new_tokens, eos=self.eos_token_id, fold=fold)

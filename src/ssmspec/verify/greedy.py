@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ssmspec.ops.step_glue import chain_verdict
 from ssmspec.verify.base import Verdict, path_to_node
 
 
@@ -39,10 +40,8 @@ class GreedyVerifier:
 
 
 def _chain_verdict(target: Tensor, drafts) -> Verdict:
-    """One chain of S drafts: the verdict of the tree walk above in closed form. target (B, 1+S) the target's
-    argmax after every node; draft k (node k) is accepted when it and every draft before it match."""
-    same = drafts.match if drafts.match is not None else drafts.tokens == target[:, :-1]  # (B, S)
-    acc = same.cumprod(dim=1).sum(dim=1)  # (B,) leading matches
-    k = drafts.depths_with_root()[:1]  # (1, 1+S) = 0 .. S, a shared constant
-    path = torch.where(k <= acc[:, None], k, 0)  # (B, 1+S) nodes 0 .. acc, then 0
-    return Verdict(accepted=acc, path=path, bonus=target.gather(1, acc[:, None])[:, 0])
+    """One chain of S drafts: the verdict of the tree walk above in closed form, in one launch
+    (``ops/step_glue.chain_verdict``). target (B, 1+S) the target's argmax after every node; draft k (node k) is
+    accepted when it and every draft before it match."""
+    acc, path, bonus = chain_verdict(target, drafts.tokens, drafts.match)
+    return Verdict(accepted=acc, path=path, bonus=bonus)
