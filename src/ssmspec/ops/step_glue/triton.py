@@ -55,7 +55,6 @@ def absorb_plan_triton(tokens: Tensor, length: Tensor, consumed: Tensor, skip: T
                               D_BLOCK=triton.next_power_of_2(S1), RESUMES=resumes, num_warps=1)
 
 
-
 @triton.jit
 def _emit_kernel(pend_ptr, drafts_ptr, path_ptr, acc_ptr, bonus_ptr, tok_ptr, len_ptr, emitted_ptr, done_ptr,
                  seq_ptr, rep_ptr, s_drafts, s_path, s_tok, s_rep, max_new, eos, C, D,
