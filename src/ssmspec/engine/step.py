@@ -6,7 +6,7 @@ buffer (``TokenBuffer``: prompt + emitted tokens of every sequence), and the per
 (pending token, tokens folded into the state, tokens emitted, finished flag). ``step()`` runs
 
     drafter.propose_device(buf)  ->  strategy.layout  ->  model  ->  verifier  ->  strategy.commit + KV commit
-    ->  drafter.observe  ->  append the emitted tokens to the buffer, EOS / length flags
+    ->  drafter.observe  ->  emit: the emitted tokens into the buffer, EOS / length flags (``ops/step_glue``)
 
 (a drafter with ``wants_hidden``, the mtp drafter, is also handed the target's final hidden states of the pending
 token and the accepted path: ``observe_hidden``, gathered on the device from the same forward)
