@@ -104,6 +104,17 @@ def test_absorb_plan_refuses_bad_buffers_with_what_is_wrong(device):
     bad = {**outs, "row_pos": outs["row_pos"].int()}
     with pytest.raises(ValueError, match="row_pos must be int64"):
         absorb_plan(*inputs.values(), **bad, **kw)
+    with pytest.raises(ValueError, match="needs B, A, width and per_row >= 1, got 3, 2, 1, 0"):
+        absorb_plan(*inputs.values(), **outs, **{**kw, "per_row": 0})
+    bad = {**outs, "src": torch.zeros(6, dtype=torch.long, device=device)[::2]}  # (3,), not contiguous
+    with pytest.raises(ValueError, match="one device, and every output contiguous"):
+        absorb_plan(*inputs.values(), **bad, **kw)
+    bad = {**outs, "n": torch.zeros(3, dtype=torch.long, device="meta")}
+    with pytest.raises(ValueError, match="one device, and every output contiguous"):
+        absorb_plan(*inputs.values(), **bad, **kw)
+    strided = {**inputs, "tokens": inputs["tokens"].repeat(1, 2)[:, ::2]}  # (B, cap), column stride 2
+    with pytest.raises(ValueError, match=r"tokens must be \(B, capacity\) with unit column stride, got \(3, 12\)"):
+        absorb_plan(*strided.values(), **outs, **kw)
 
 
 @pytest.mark.gpu
@@ -211,6 +222,16 @@ def test_emit_refuses_bad_buffers_with_what_is_wrong(device):
         emit(st["pending"], None, None, st["accepted"], st["bonus"], **{**kw, "done": st["done"].long()})
     with pytest.raises(ValueError, match="report has 5 columns; a step of 5 tokens needs 8"):
         emit(st["pending"], st["drafts"], st["path"], st["accepted"], st["bonus"], **{**kw, "report": st["report"][:, :5]})
+    with pytest.raises(ValueError, match=r"emit: length has shape \(2,\), expected \(3,\)"):
+        emit(st["pending"], None, None, st["accepted"], st["bonus"], **{**kw, "length": st["length"][:2]})
+    with pytest.raises(ValueError, match=r"emit: tokens must be \(3, n\) with unit column stride"):
+        emit(st["pending"], None, None, st["accepted"], st["bonus"], **{**kw, "tokens": st["tokens"][:, ::2]})
+    with pytest.raises(ValueError, match="emit: every tensor must be on one device"):
+        emit(st["pending"], None, None, st["accepted"], st["bonus"],
+             **{**kw, "seq_len": torch.zeros(3, dtype=torch.long, device="meta")})
+    with pytest.raises(ValueError, match="emit: the per-sequence tensors must be contiguous"):
+        emit(st["pending"], None, None, st["accepted"], st["bonus"],
+             **{**kw, "emitted": torch.zeros(6, dtype=torch.long, device=device)[::2]})
 
 
 @pytest.mark.gpu
