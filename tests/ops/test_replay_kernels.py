@@ -1,6 +1,7 @@
-"""ReplaySSM kernels (scores precompute, flush + output-only main kernel, append + pointers) vs the naive
-twin: standard decode (L = 1), verify of S drafts, flush per sequence, ring wrap-around, a ring smaller
-than two windows (the append overwrites entries the fold reads), tree masks, NaN-poisoned dead slots."""
+"""ReplaySSM kernels vs the naive twin, in both forms: the four launches (scores precompute, flush + output-only
+main kernel, append + pointers) and the one launch per (sequence, head) of ``ops/replay/fused.py``. Standard
+decode (L = 1), verify of S drafts, flush per sequence, ring wrap-around, a ring smaller than two windows (the
+append overwrites entries the fold reads), tree masks, NaN-poisoned dead slots."""
 from __future__ import annotations
 
 import pytest
@@ -42,13 +43,21 @@ CASES = [  # (P, L, R, head, count, flush, tree); batch 2, H = 6, G = 3, N = 64
 ]
 
 
+FORMS = [  # (fused, gemm): the four launches with either state kernel, the one launch with either state part
+    pytest.param(False, True, id="split-gemm"), pytest.param(False, False, id="split-rows"),
+    pytest.param(True, None, id="fused"), pytest.param(True, False, id="fused-rows"),
+]
+
+
 @pytest.mark.parametrize("P,L,R,head,count,flush,tree", CASES)
 @pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, id="bf16")])
-@pytest.mark.parametrize("gemm", [pytest.param(True, id="gemm"), pytest.param(False, id="rows")])
-def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, gemm, device):
-    """Both forms of the state kernel (tensor-core GEMMs / row reductions) against the reference."""
+@pytest.mark.parametrize("fused,gemm", FORMS)
+def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, fused, gemm, device):
+    """Both forms of the call and of the state part (tensor-core GEMMs / row reductions) against the reference;
+    the one-launch form leaves its workspace zero."""
     from ssmspec.ops.replay.triton import replay_verify_triton
     bsz, H, G, N = 2, 6, 3, 64
+    ws = torch.zeros(bsz, dtype=torch.int32, device=device)
     inp = mamba_inputs(bsz, L, H, P, G, N, dtype, device)
     S0 = torch.randn(bsz, H, P, N, generator=torch.Generator().manual_seed(2)).to(device)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
@@ -62,9 +71,10 @@ def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, gemm, de
     for backend, dead in (("triton", float("nan")), ("reference", 0.0)):  # the kernel must not read dead slots
         ring = _ring(bsz, R, H, P, G, N, head, count, dtype, device, dead=dead)
         st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
-        y = (replay_verify_triton(*st, *args, gemm=gemm, **kw) if backend == "triton" else
-             replay_verify(*st, *args, backend=backend, **kw))
+        y = (replay_verify_triton(*st, *args, gemm=gemm, fused=fused, workspace=ws, **kw) if backend == "triton"
+             else replay_verify(*st, *args, backend=backend, **kw))
         outs.append((y, st))
+    assert not ws.any(), "the workspace is left zero for the next launch"
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[dtype], "y")
     assert_close(st_k[0], st_r[0], STATE_TOL, "S0")
@@ -78,10 +88,14 @@ def test_replay_verify_kernel(P, L, R, head, count, flush, tree, dtype, gemm, de
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("L,R", [(1, 8), (7, 16)])
-@pytest.mark.parametrize("gemm", [pytest.param(True, id="gemm"), pytest.param(False, id="rows")])
-def test_replay_verify_large(L, R, gemm, device):
+@pytest.mark.parametrize("fused,gemm", FORMS)
+@pytest.mark.parametrize("bsz,H,P,G,N", [pytest.param(64, 112, 64, 8, 128, id="nemotron-h-4b-B64"),
+                                         pytest.param(64, 12, 64, 1, 64, id="trained-mamba2-B64"),
+                                         pytest.param(1, 12, 64, 1, 64, id="trained-mamba2-B1")])
+def test_replay_verify_large(L, R, fused, gemm, bsz, H, P, G, N, device):
+    """Real sizes on the GPU, where the one-launch form's programs really race for the shared ring entries and
+    pointers (the interpreter runs them one after another)."""
     from ssmspec.ops.replay.triton import replay_verify_triton
-    bsz, H, P, G, N = 64, 112, 64, 8, 128
     inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device)
     head = torch.randint(0, R, (bsz,)).tolist()
     count = torch.randint(0, R - L + 1, (bsz,)).tolist()
@@ -93,9 +107,41 @@ def test_replay_verify_large(L, R, gemm, device):
         ring = _ring(bsz, R, H, P, G, N, head, count, torch.bfloat16, device, dead=dead)
         st = [S0.clone(), *ring, torch.tensor(head, device=device), torch.tensor(count, device=device)]
         kw = dict(dt_bias=inp["dt_bias"], flush=torch.tensor(flush, device=device))
-        y = replay_verify_triton(*st, *args, gemm=gemm, **kw) if backend == "triton" else replay_verify(
+        y = replay_verify_triton(*st, *args, gemm=gemm, fused=fused, **kw) if backend == "triton" else replay_verify(
             *st, *args, backend=backend, **kw)
         outs.append((y, st))
     (y_k, st_k), (y_r, st_r) = outs
     assert_close(y_k, y_r, TOL[torch.bfloat16], "y")
     assert_close(st_k[0], st_r[0], (1e-3, 1e-3), "S0")
+    for name, a, b in zip(("ring_x", "ring_dt", "ring_B"), st_k[1:4], st_r[1:4]):
+        torch.testing.assert_close(a.float().nan_to_num(0.0), b.float(), atol=1e-6, rtol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert torch.equal(st_k[4], st_r[4]) and torch.equal(st_k[5], st_r[5]), "head / count"
+
+
+def test_default_form(device):
+    """One launch where batch x heads is small and a head's tile fits one program, four launches otherwise."""
+    from ssmspec.ops.replay.triton import FUSED_MAX_PROGRAMS, use_fused
+    assert use_fused(1, 12, 64, 64) and use_fused(64, 12, 64, 64) and use_fused(1, 80, 64, 128)
+    assert not use_fused(256, 112, 64, 128) and not use_fused(FUSED_MAX_PROGRAMS // 8 + 1, 8, 64, 64)
+    assert not use_fused(1, 8, 128, 128), "a 128 x 128 fp32 tile does not fit one program"
+
+
+def test_fused_refusals(device):
+    """A workspace the one-launch form cannot count in, and a tile too large for one program: one clear error."""
+    from ssmspec.ops.replay.triton import replay_verify_triton
+    bsz, L, R, H, P, G, N = 2, 3, 8, 4, 16, 2, 16
+
+    def call(P_=P, N_=N, **kw):
+        i = mamba_inputs(bsz, L, H, P_, G, N_, torch.bfloat16, device)
+        a = (i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"])
+        st = [torch.zeros(bsz, H, P_, N_, device=device), *_ring(bsz, R, H, P_, G, N_, [0, 0], [0, 0], torch.bfloat16,
+                                                                  device, dead=0.0),
+              torch.zeros(bsz, dtype=torch.int64, device=device), torch.zeros(bsz, dtype=torch.int64, device=device)]
+        return replay_verify_triton(*st, *a, dt_bias=i["dt_bias"], fused=True, **kw)
+
+    with pytest.raises(ValueError, match="workspace must be a contiguous int32"):
+        call(workspace=torch.zeros(bsz, dtype=torch.int64, device=device))
+    with pytest.raises(ValueError, match="workspace must be a contiguous int32"):
+        call(workspace=torch.zeros(bsz - 1, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="use fused=False"):
+        call(P_=128, N_=128)

@@ -34,6 +34,7 @@ TRITON_MODULES = {
     "ssmspec.ops.causal_conv1d.triton": ("causal_conv1d_update_triton", "conv_state_advance_triton"),
     "ssmspec.ops.conv_ssm_update.triton": ("conv_ssm_update_triton",),
     "ssmspec.ops.replay.triton": ("replay_verify_triton",),
+    "ssmspec.ops.replay.fused": ("replay_verify_fused_triton",),
     "ssmspec.ops.tree_scan.triton": ("tree_scan_triton", "tree_conv1d_triton"),
     "ssmspec.ops.gdn.recurrent": ("gdn_multistep_triton", "gdn_multistep_snapshot_triton"),
     "ssmspec.ops.gdn.replay": ("gdn_replay_verify_triton",),
@@ -108,7 +109,7 @@ def _expected_kernels(name: str) -> set[str]:
             "activation_replay": {"ssm_multistep_triton"},
             "joint_attainment": {"ssm_multistep_triton"},
             "stree": {"ssm_multistep_triton", "tree_scan_triton", "tree_conv1d_triton"},
-            "replay": {"replay_verify_triton"}}.get(name, set())
+            "replay": {"replay_verify_triton", "replay_verify_fused_triton"}}.get(name, set())  # small grid: one launch
 
 
 @pytest.mark.parametrize("strategy", strategy_names())
@@ -126,6 +127,21 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
     assert "emit_triton" in kernel_calls  # every step emits its tokens in one launch (ops/step_glue)
     assert ("chain_verdict_triton" in kernel_calls) == (drafter is not None)  # one chain's greedy verdict
     assert _expected_kernels(strategy) <= set(kernel_calls), f"{strategy} reached {sorted(kernel_calls)}"
+
+
+def test_replay_on_its_four_launch_form_is_lossless(kernel_calls, monkeypatch):
+    """The replay strategy with every verify call on the four-launch form (the default where batch x heads is
+    large), so both forms of ``replay_verify`` are checked token for token inside a real decode."""
+    import ssmspec.ops.replay.triton as rt
+
+    monkeypatch.setattr(rt, "FUSED_MAX_PROGRAMS", 0)
+    prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
+    new = 8
+    model, ref = _clear_model("tiny-hybrid", prompts, new)
+    kernel_calls.clear()
+    drafter = Oracle(p=0.6, draft_len=3, num_drafts=1, reference=ref, vocab_size=model.cfg.vocab_size, seed=1)
+    assert _run(model, prompts, "replay", new, drafter).sequences == ref
+    assert "replay_verify_triton" in kernel_calls and "replay_verify_fused_triton" not in kernel_calls
 
 
 @pytest.mark.parametrize("draft_seed", [None, 7], ids=["draft-is-target", "other-draft"])

@@ -216,6 +216,7 @@ def test_cache_bytes_one_state_plus_ring():
     state = n * bsz * H * P * N * 4  # the checkpoint, fp32
     ring = n * bsz * R * (H * P * 8 + H * 4 + G * N * 8)  # x, B in the activation dtype, dt fp32
     expected = state + ring + n * bsz * C * (W - 1) * 8 + 2 * n * bsz * 8 + n * bsz * L * C * 8  # + conv, ptrs, conv in
+    expected += n * bsz * 4  # the one-launch verify's int32 program counters
     assert s.cache_bytes() == expected
     assert s.cache_bytes() == sum(t.numel() * t.element_size() for t in vars(s).values() if isinstance(t, torch.Tensor))
     # paper size (meta: nothing allocated), seed 000 Fig. 11 setting S = 4, R = 8: one state + small vectors,

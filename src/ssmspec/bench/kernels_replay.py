@@ -97,7 +97,7 @@ def run_verify_cost(cfg: DictConfig) -> Iterator[dict]:
     yield from kernels_gdn.verify_rows(ctx, b, gdn)
 
 
-_SWEEP_KEYS = {"gemm": bool, "precision": str, "block_p": int, "num_warps": int, "window_warps": int}
+_SWEEP_KEYS = {"gemm": bool, "precision": str, "block_p": int, "num_warps": int, "window_warps": int, "fused": bool}
 
 
 def _verify_sweeps(b) -> list[dict]:
@@ -114,7 +114,7 @@ def _verify_sweeps(b) -> list[dict]:
 
 def _verify_sweep_rows(ctx: Ctx, b, sweeps: list[dict], bsz: int, z: dict, base: dict) -> Iterator[dict]:
     """``bench.verify_sweep``: launch options of ``replay_verify_triton`` (gemm, precision, block_p, num_warps,
-    window_warps), each timed at S = ``bench.sweep_S`` for every R and accepted count (impl replay-sweep, the
+    window_warps, fused: the one-launch form or the four launches), each timed at S = ``bench.sweep_S`` for every R and accepted count (impl replay-sweep, the
     options as columns)."""
     S = int(b.get("sweep_S", 6))
     L = S + 1

@@ -80,9 +80,13 @@ def replay_measure(ctx: Ctx, bsz: int, L: int, R: int, accepted: int, z: dict, *
     else:
         verify = replay_verify
 
+    for st in copies:  # the one-launch form's program counters, kept per state as the strategy keeps them
+        st["workspace"] = torch.zeros(bsz, device=ctx.device, dtype=torch.int32)
+
     def step(st: dict) -> None:  # one layer of the `replay` strategy: verify (flush decided in the call), commit
         verify(st["S0"], st["ring_x"], st["ring_dt"], st["ring_B"], st["head"], st["count"], inp["x"], inp["dt"],
-               inp["A"], inp["B"], inp["C"], inp["D"], dt_bias=inp["dt_bias"], flush=None, **blocks)
+               inp["A"], inp["B"], inp["C"], inp["D"], dt_bias=inp["dt_bias"], flush=None,
+               workspace=st["workspace"], **blocks)
         replay_commit(st["count"], acc)
 
     K = len(cyc)

@@ -75,6 +75,8 @@ class Replay(StrategyBase):
         self.head = torch.zeros(n, batch, device=device, dtype=torch.long)  # slot of the oldest entry
         self.count = torch.zeros(n, batch, device=device, dtype=torch.long)  # committed entries h
         self.conv_in = torch.zeros(n, batch, L, cfg.conv_dim, device=device, dtype=dtype)  # call's pre-conv xBC
+        # the one-launch verify's program counters per layer (ops/replay/fused.py): zeros each launch leaves zero
+        self.verify_counters = torch.zeros(n, batch, device=device, dtype=torch.int32)
         self.gdn_ring_k = self.gdn_ring_u = self.gdn_ring_g = self.gdn_head = self.gdn_count = None
         self.gdn_conv_in = None
         if self.gdn_state is not None:  # gdn_state is the GDN checkpoint S0
@@ -166,7 +168,7 @@ class Replay(StrategyBase):
         # flush where count + 2L > R: decided per sequence on the device inside the call (data, not a branch)
         y = replay_verify(self.ssm_state[i], self.ring_x[i], self.ring_dt[i], self.ring_B[i], self.head[i],
                           self.count[i], x, inp.dt, p.A, B, C, p.D, dt_bias=p.dt_bias, dt_limit=p.dt_limit,
-                          flush=None, tree_mask=step.tree_mask)  # (B, L, H, P)
+                          flush=None, tree_mask=step.tree_mask, workspace=self.verify_counters[i])  # (B, L, H, P)
         return y.reshape(*y.shape[:2], -1)
 
     def commit(self, verdict, step: StepInputs) -> None:

@@ -1,6 +1,7 @@
 """ReplaySSM kernels in Triton (seed 000, Alg. 2 / 4 and its two kernel design choices).
 
-One ``replay_verify`` call of L tokens is four launches, all graph-safe (no host sync; the flush decision is
+One ``replay_verify`` call of L tokens is four launches here (``ops/replay/fused.py`` does it in one where the
+grid is small: ``use_fused``), all graph-safe (no host sync; the flush decision is
 per-sequence data read at run time):
 1. ``_scores_kernel``, one program per (sequence, group): the inner products kq[s, j] = B_jᵀ C_s of the
    window entries j (committed ring entries, then the call's tokens) with every query C_s, computed once
@@ -297,12 +298,24 @@ def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
     return min(bp, max(16, triton.next_power_of_2(P))), (4 if L <= 1 or dot else 1)
 
 
+FUSED_MAX_PROGRAMS = 1024  # batch x heads up to which ``replay_verify`` takes the one-launch form by default
+
+
+def use_fused(bsz: int, H: int, P: int, N: int) -> bool:
+    """The default form of a verify call: one launch (``ops/replay/fused.py``) where the grid is small enough
+    that launches, not bytes, set the time (batch x heads <= ``FUSED_MAX_PROGRAMS``) and a head's whole state
+    tile fits one program; the four launches of this module otherwise."""
+    from ssmspec.ops.replay.fused import fused_fits
+    return bsz * H <= FUSED_MAX_PROGRAMS and fused_fits(P, N)
+
+
 def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
                          x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None, *,
                          dt_bias: Tensor | None, dt_limit=(0.0, float("inf")), flush: Tensor | None = None,
                          tree_mask: Tensor | None = None, block_p: int | None = None,
                          num_warps: int | None = None, gemm: bool | None = None, precision: str | None = None,
-                         window_warps: int | None = None) -> Tensor:
+                         window_warps: int | None = None, fused: bool | None = None,
+                         workspace: Tensor | None = None) -> Tensor:
     """Triton form of ``replay_verify`` (see ``ssmspec.ops.replay``). ``block_p`` / ``num_warps`` / ``gemm``
     override the hand-picked launch of the state kernel and ``window_warps`` that of the window kernel
     (benchmark sweeps; decode at batch 256, R = 16 on an H100: window kernel 21 / 32 / 55 us at 1 / 2 / 4 warps
@@ -313,7 +326,8 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     far coarser, and tf32x3 for fp32 inputs). ``gemm`` defaults to the GEMM form for multi-token calls of
     16-bit inputs (with the tf32 window: 0.78-0.98x of a decode step at S = 6, R = 32 on an H100, 0..6
     accepted; 0.88-1.08x with fp32 window GEMMs at 4 warps; the row reductions 1.11-1.56x) and to the row
-    reductions otherwise."""
+    reductions otherwise. ``fused`` picks the one-launch form of ``ops/replay/fused.py`` (one program per
+    sequence and head; ``workspace``: its (B,) int32 zeros) over these four launches; None: ``use_fused``."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -334,6 +348,16 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         raise ValueError(f"tree_mask must be a bool (B, L, L) = {(bsz, L, L)} tensor, got {tuple(tree_mask.shape)}")
     for name, t in (("x", x), ("B", B), ("C", C), ("dt", dt)):
         check_float(name, t)
+    half = x.dtype in (torch.bfloat16, torch.float16)
+    if precision is None:
+        precision = "tf32" if half else "tf32x3"
+    if precision not in ("tf32", "tf32x3", "ieee"):
+        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
+    if use_fused(bsz, H, P, N) if fused is None else fused:
+        from ssmspec.ops.replay.fused import replay_verify_fused_triton
+        return replay_verify_fused_triton(S0, ring_x, ring_dt, ring_B, head, count, x, dt, A, B, C, D,
+                                          dt_bias=dt_bias, dt_limit=dt_limit, flush=flush, tree_mask=tree_mask,
+                                          workspace=workspace, gemm=gemm, precision=precision, num_warps=num_warps)
     dev = x.device
     kq_ring = torch.empty(bsz, G, L, R, device=dev, dtype=torch.float32)  # B_jᵀ C_s of ring entries
     kq_new = torch.empty(bsz, G, L, L, device=dev, dtype=torch.float32)  # B_sᵀ C_s of the call's tokens
@@ -353,11 +377,6 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     lo, hi = limit_args(dt_limit)
     tm = tree_mask if tree_mask is not None else count  # unread without TREE
     tstr = tree_mask.stride() if tree_mask is not None else (0, 0, 0)
-    half = x.dtype in (torch.bfloat16, torch.float16)
-    if precision is None:
-        precision = "tf32" if half else "tf32x3"
-    if precision not in ("tf32", "tf32x3", "ieee"):
-        raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
     matrix = L >= 2
     BLw = max(16, BL) if matrix else BL  # tl.dot needs >= 16 rows
     BP = max(16, triton.next_power_of_2(P))
