@@ -119,10 +119,12 @@ def test_replay_verify_large(L, R, fused, gemm, bsz, H, P, G, N, device):
 
 
 def test_default_form(device):
-    """One launch where batch x heads is small and a head's tile fits one program, four launches otherwise."""
-    from ssmspec.ops.replay.triton import FUSED_MAX_PROGRAMS, use_fused
-    assert use_fused(1, 12, 64, 64) and use_fused(64, 12, 64, 64) and use_fused(1, 80, 64, 128)
-    assert not use_fused(256, 112, 64, 128) and not use_fused(FUSED_MAX_PROGRAMS // 8 + 1, 8, 64, 64)
+    """One launch where the call's state is small and a head's tile fits one program, four launches otherwise."""
+    from ssmspec.ops.replay.triton import FUSED_MAX_STATE, use_fused
+    assert use_fused(1, 12, 64, 64) and use_fused(16, 12, 64, 64) and use_fused(1, 80, 64, 128)
+    assert use_fused(4, 80, 64, 128), "mamba2-2.7b's mixer at batch 4: the measured bound"
+    assert not use_fused(4, 112, 64, 128) and not use_fused(16, 80, 64, 128) and not use_fused(64, 12, 64, 64)
+    assert not use_fused(FUSED_MAX_STATE // (8 * 64 * 64) + 1, 8, 64, 64)
     assert not use_fused(1, 8, 128, 128), "a 128 x 128 fp32 tile does not fit one program"
 
 

@@ -130,11 +130,11 @@ def test_strategy_on_triton_kernels_is_lossless(strategy, kernel_calls):
 
 
 def test_replay_on_its_four_launch_form_is_lossless(kernel_calls, monkeypatch):
-    """The replay strategy with every verify call on the four-launch form (the default where batch x heads is
+    """The replay strategy with every verify call on the four-launch form (the default where the call's state is
     large), so both forms of ``replay_verify`` are checked token for token inside a real decode."""
     import ssmspec.ops.replay.triton as rt
 
-    monkeypatch.setattr(rt, "FUSED_MAX_PROGRAMS", 0)
+    monkeypatch.setattr(rt, "FUSED_MAX_STATE", 0)
     prompts = [[5, 17, 33, 8, 90], [9, 10, 11]]
     new = 8
     model, ref = _clear_model("tiny-hybrid", prompts, new)

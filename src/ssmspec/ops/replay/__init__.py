@@ -2,7 +2,7 @@
 
 ``replay_verify`` dispatches the Triton kernels on CUDA: four launches (the per-group inner products B_jᵀC_s,
 the window readout per head, the state kernel -- flush and output-only readout --, the ring append that moves
-the pointers: ``ops/replay/triton.py``), or all of it in one launch per (sequence, head) where the grid is small
+the pointers: ``ops/replay/triton.py``), or all of it in one launch per (sequence, head) where the call's state is small
 (``ops/replay/fused.py``); ``replay_commit`` and
 ``replay_flush_flags`` are single device-side elementwise ops (graph-safe, no host sync)."""
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """ReplaySSM verify in one launch (seed 000, Alg. 2 / 4): the four kernels of ``ops/replay/triton.py`` as one
 program per (sequence, head), for the calls where launches, not bytes, set the time.
 
-A verify call of the split form is four launches per Mamba-2 layer (scores, window, state, append). At batch 1,
-and at any batch of a model whose layers are small, each launch moves a few KB and costs its launch latency, so a
+A verify call of the split form is four launches per Mamba-2 layer (scores, window, state, append). At small
+batches of small layers each launch moves a few KB and costs its launch latency, so a
 speculative step of a 24-layer target spends 96 of its ~330 launches in ``replay_verify``. Here program (b, h):
 
 1. reads the window after the flush (``_window``: flush flag, old and new head / count);

@@ -1,7 +1,7 @@
 """ReplaySSM kernels in Triton (seed 000, Alg. 2 / 4 and its two kernel design choices).
 
 One ``replay_verify`` call of L tokens is four launches here (``ops/replay/fused.py`` does it in one where the
-grid is small: ``use_fused``), all graph-safe (no host sync; the flush decision is
+call's state is small: ``use_fused``), all graph-safe (no host sync; the flush decision is
 per-sequence data read at run time):
 1. ``_scores_kernel``, one program per (sequence, group): the inner products kq[s, j] = B_jᵀ C_s of the
    window entries j (committed ring entries, then the call's tokens) with every query C_s, computed once
@@ -298,15 +298,21 @@ def _main_blocks(P: int, N: int, L: int, dot: bool) -> tuple[int, int]:
     return min(bp, max(16, triton.next_power_of_2(P))), (4 if L <= 1 or dot else 1)
 
 
-FUSED_MAX_PROGRAMS = 1024  # batch x heads up to which ``replay_verify`` takes the one-launch form by default
+FUSED_MAX_STATE = 4 * 80 * 64 * 128  # state elements (batch x H x P x N) up to which the one-launch form is default
 
 
 def use_fused(bsz: int, H: int, P: int, N: int) -> bool:
-    """The default form of a verify call: one launch (``ops/replay/fused.py``) where the grid is small enough
-    that launches, not bytes, set the time (batch x heads <= ``FUSED_MAX_PROGRAMS``) and a head's whole state
-    tile fits one program; the four launches of this module otherwise."""
+    """The default form of a verify call: one launch (``ops/replay/fused.py``) where the call's whole state is
+    small enough that launches, not bytes, set the time (batch x H x P x N <= ``FUSED_MAX_STATE``, 10 MiB of
+    fp32) and a head's tile fits one program; the four launches of this module otherwise. Measured on one H100
+    (commit 3ca97e8, ``replay_fig9_verify_cost`` with ``bench.verify_sweep=[{fused: true}, {fused: false}]``
+    at S = 4, R = 32, us a call, mean over 0..4 accepted, one form / four launches): mamba2-2.7b's mixer
+    (H = 80, N = 128) 15.9 / 17.0 at batch 1, 23.4 / 24.6 at batch 4 (this bound), 53.7 / 42.4 at 16, 176 /
+    113 at 64; nemotron-h-4b's (H = 112) 24.4 / 28.7 at batch 1, 46.0 / 44.6 at batch 4, 146 / 89 at 16.
+    With many programs the four launches win: their state kernel splits P across programs and their scores
+    are computed once per group, not once per head."""
     from ssmspec.ops.replay.fused import fused_fits
-    return bsz * H <= FUSED_MAX_PROGRAMS and fused_fits(P, N)
+    return bsz * H * P * N <= FUSED_MAX_STATE and fused_fits(P, N)
 
 
 def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Tensor, head: Tensor, count: Tensor,
