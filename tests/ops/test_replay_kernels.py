@@ -147,3 +147,26 @@ def test_fused_refusals(device):
         call(workspace=torch.zeros(bsz - 1, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="use fused=False"):
         call(P_=128, N_=128)
+    with pytest.raises(ValueError, match="launch options of the four-launch form"):
+        call(block_p=16)
+
+
+def test_split_launch_options_pick_the_split_form(device, monkeypatch):
+    """A sweep of the four-launch form's options (block_p, window_warps) times that form even where the default
+    would be the one launch: never the fused kernel with the options silently dropped."""
+    import ssmspec.ops.replay.fused as fu
+    from ssmspec.ops.replay.triton import replay_verify_triton, use_fused
+    bsz, L, R, H, P, G, N = 2, 3, 8, 4, 16, 2, 16
+    assert use_fused(bsz, H, P, N)
+    called = []
+    monkeypatch.setattr(fu, "replay_verify_fused_triton", lambda *a, **k: called.append(1))
+    inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device)
+    for opts in ({"block_p": 16}, {"window_warps": 1}):
+        st = [torch.zeros(bsz, H, P, N, device=device), *_ring(bsz, R, H, P, G, N, [0, 0], [0, 0], torch.bfloat16,
+                                                                device, dead=0.0),
+              torch.zeros(bsz, dtype=torch.int64, device=device), torch.zeros(bsz, dtype=torch.int64, device=device)]
+        y = replay_verify_triton(*st, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"],
+                                 dt_bias=inp["dt_bias"], **opts)
+        assert y is not None and y.shape == inp["x"].shape
+    replay_verify_triton(*st, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], dt_bias=inp["dt_bias"])
+    assert called == [1], "without split options the default at this size is the one launch"

@@ -333,7 +333,8 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
     16-bit inputs (with the tf32 window: 0.78-0.98x of a decode step at S = 6, R = 32 on an H100, 0..6
     accepted; 0.88-1.08x with fp32 window GEMMs at 4 warps; the row reductions 1.11-1.56x) and to the row
     reductions otherwise. ``fused`` picks the one-launch form of ``ops/replay/fused.py`` (one program per
-    sequence and head; ``workspace``: its (B,) int32 zeros) over these four launches; None: ``use_fused``."""
+    sequence and head; ``workspace``: its (B,) int32 zeros) over these four launches; None: ``use_fused``, and
+    the four launches whenever ``block_p`` or ``window_warps`` is given (a sweep of them times that form)."""
     bsz, L, H, P = x.shape
     R = ring_x.shape[1]
     G, N = B.shape[2], B.shape[3]
@@ -359,7 +360,11 @@ def replay_verify_triton(S0: Tensor, ring_x: Tensor, ring_dt: Tensor, ring_B: Te
         precision = "tf32" if half else "tf32x3"
     if precision not in ("tf32", "tf32x3", "ieee"):
         raise ValueError(f"precision must be tf32, tf32x3 or ieee, got {precision!r}")
-    if use_fused(bsz, H, P, N) if fused is None else fused:
+    split_opts = block_p is not None or window_warps is not None  # launch options of the four-launch form
+    if fused and split_opts:
+        raise ValueError("block_p and window_warps are launch options of the four-launch form; pass fused=False "
+                         "(or leave fused=None) with them")
+    if use_fused(bsz, H, P, N) and not split_opts if fused is None else fused:
         from ssmspec.ops.replay.fused import replay_verify_fused_triton
         return replay_verify_fused_triton(S0, ring_x, ring_dt, ring_B, head, count, x, dt, A, B, C, D,
                                           dt_bias=dt_bias, dt_limit=dt_limit, flush=flush, tree_mask=tree_mask,
