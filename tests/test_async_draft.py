@@ -43,7 +43,10 @@ def _pair(preset: str, pattern: str | None, *, noise: float, vocab: int | None =
 
 FAMILIES = [pytest.param("tiny-mamba2", None, id="mamba2"),
             pytest.param("tiny-qwen3.5", "G-G-", id="gdn-qwen3.5"),
-            pytest.param("tiny-hybrid", "M-ME", id="nemotron-h-no-attention")]
+            pytest.param("tiny-hybrid", "M-ME", id="nemotron-h-no-attention"),
+            pytest.param("tiny-hybrid", None, id="nemotron-h"),  # attention layers: drafting/async_kv.py
+            pytest.param("tiny-qwen3.5", None, id="qwen3.5-hybrid"),
+            pytest.param("tiny-mamba-in-llama", None, id="mamba-in-llama")]
 
 
 @pytest.mark.parametrize("preset,pattern", FAMILIES)
@@ -79,6 +82,41 @@ def test_greedy_drafts_equal_the_synchronous_drafter(preset, pattern, backup):
     for got, want, hit, running in seen:
         rows = running & (hit if backup == "ngram" else torch.ones_like(hit))
         assert torch.equal(got[rows], want[rows])
+
+
+@pytest.mark.parametrize("preset", ["tiny-mamba-in-llama", "tiny-hybrid", "tiny-qwen3.5"])
+def test_every_draft_call_equals_a_parallel_forward_of_what_its_state_absorbed(preset):
+    """Attention drafts (drafting/async_kv.py): each row of every draft call -- the chain, every branch, the
+    backup -- gives the logits one parallel forward of the draft gives after the tokens its start slot has
+    absorbed plus the row's own (float64): the keys it attends, their positions (RoPE) and the SSM / GDN state
+    all match. Histories are tracked per state slot from the prompts, so a wrong position or a key seen too
+    early or too late fails it even where the argmax would not move."""
+    target, draft = _pair(preset, None, noise=0.05)
+    d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup="draft")
+    calls, inner = [], d._call
+
+    def record(ids, src, dst, pos, kind, call=0):
+        out = inner(ids, src, dst, pos, kind, call)
+        calls.append((kind, ids.clone(), src.clone(), dst.clone(), out.double().clone()))
+        return out
+
+    d._call = record
+    generate(target, PROMPTS, max_new_tokens=NEW, strategy="snapshot", drafter=d)
+    hist = {b: list(p) for b, p in enumerate(PROMPTS)}  # slot -> tokens its state has absorbed
+    memo, kinds, worst = {}, set(), 0.0
+    for kind, ids, src, dst, out in calls[:40]:  # the first rounds: every sequence still has KV room
+        for r in range(ids.shape[0]):
+            seq = list(hist[int(src[r])])
+            for t in range(ids.shape[1]):
+                seq.append(int(ids[r, t]))
+                key = tuple(seq)
+                if key not in memo:
+                    memo[key] = parallel_logits(draft, torch.tensor([seq]))[0, -1].double()
+                worst = max(worst, float((out[r, t] - memo[key]).abs().max()))
+                hist[int(dst[r, t if dst.shape[1] > 1 else 0])] = list(seq)
+        kinds.add(kind)
+    assert kinds == {"chain", "branch", "backup"}, kinds
+    assert worst < 1e-5, f"largest logit difference {worst:.2e}"
 
 
 def test_hits_and_misses_with_random_backup_stay_lossless():
@@ -161,8 +199,6 @@ def test_mutant_verifying_hits_with_unscaled_q_is_caught(law_pair):
     (dict(temperature=1.0, residual_scale=1.5), r"lambda\) must lie in \(0, 1\]"),
     (dict(residual_scale=0.5), "changes only sampled drafts"),
     (dict(backup="eagle"), "unknown backup 'eagle'.*draft, ngram, random"),
-    (dict(draft="tiny-hybrid"), "attention layers.*tree KV.*pure Mamba-2 or GDN"),
-    (dict(draft="tiny-qwen3.5"), "attention layers.*tree KV.*pure Mamba-2 or GDN"),
     (dict(draft_len=2, fanout=[400, 0, 0]), "lower the fanout"),
 ])
 def test_bad_options_fail_when_built(opts, match):

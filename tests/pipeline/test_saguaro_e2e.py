@@ -51,6 +51,19 @@ def test_e2e_rows_are_measured_exact_and_compared_in_the_same_run(cli, tmp_path,
     assert all(r["ref_match"] is None for r in rows if r["temperature"] == 1.0)
 
 
+def test_a_hybrid_pair_with_an_attention_draft_runs_exact(cli, tmp_path, train_cache):
+    """A Nemotron-H-style pair whose draft has an attention layer (hybrid_tiny's draft made ``M*``): the async lines
+    run through drafting/async_kv.py and every greedy line still emits the autoregressive output."""
+    argv = ["experiment=saguaro_e2e", *SMALL[:5], "bench.batch=[1]", "bench.temperature=[0.0]",
+            "bench.sets=[validation]", "bench.train=hybrid_tiny", "bench.family=nemotron_h",
+            'bench.train_overrides=["train.steps=12","models.nemotron_h.draft.pattern=M*"]']
+    rows = run_rows(cli, tmp_path, argv, f"bench.cache_dir={train_cache}")
+    assert {r["line"] for r in rows} == {"autoregressive", "sync draft_model", *ASYNC}
+    assert all(r["status"] == "ok" and r["family"] == "nemotron_h" for r in rows)
+    assert all(r["cache_rounds"] > 0 for r in rows if r["line"] in ASYNC)
+    _check_greedy_exact(rows)
+
+
 def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_cache):
     rows = run_rows(cli, tmp_path, FIG6, f"bench.cache_dir={train_cache}")
     lines = [r for r in rows if r["kind"] == "line"]

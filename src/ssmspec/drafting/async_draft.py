@@ -40,7 +40,14 @@ whole synchronous draft (S calls of B rows); the fast backups (``ngram``, ``rand
 acceptance instead, and at large batches some row misses almost every round. Counters on the device for benches:
 ``rounds`` (rounds with a cache) and ``hits`` (B,).
 Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
-(B, N, S, V) fp32. Attention drafts are refused: their branches would need tree KV over the chain's keys.
+(B, N, S, V) fp32.
+
+Drafts with attention layers (Nemotron-H, Qwen3.5 hybrids, MambaInLlama): each attention layer keeps, besides the
+committed keys, the last chain's S + 1 keys and every branch's and the backup's own keys (``drafting/async_kv.py``);
+a branch that continues the chain after depth k attends the committed keys, the chain's columns 0 .. k and its own,
+exactly the keys its start state has absorbed. The chain's accepted prefix (the bonus and the accepted drafts: what
+the state after d_k has absorbed) joins the committed keys at the start of the next ``speculate``; the backup,
+which runs before it, sees that prefix as extra keys. Positions (RoPE) follow from the committed length.
 
 The draft on its own device (``draft_device``, e.g. ``cuda:1``; ``drafting/draft_device.py``): the draft model, its
 slots and the draft side of the round (``speculate``, the ``draft`` backup) live there, while the lookup, the round's
@@ -57,6 +64,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from ssmspec.drafting.async_kv import AsyncKV
 from ssmspec.drafting.base import DraftTree, TokenBuffer
 from ssmspec.drafting.draft_device import parse_draft_device, resolve_draft_device
 from ssmspec.drafting.draft_model import draw
@@ -98,11 +106,6 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self._draft_device = draft_device
         dev_d = parse_draft_device(draft_device)  # a GPU this machine lacks fails here, before anything loads
         cfg = self._draft_cfg
-        if cfg.attention_layers:
-            raise ValueError(f"async_draft forks the draft's SSM / GDN states per cache branch; draft model {cfg.name} "
-                             f"has attention layers {list(cfg.attention_layers)}, whose branches would need tree KV "
-                             f"over the chain's keys (not implemented); draft with a pure Mamba-2 or GDN model, or "
-                             f"use drafter=draft_model")
         if max(self.fanout) + 1 > cfg.vocab_size:
             raise ValueError(f"fanout {list(self.fanout)} asks for {max(self.fanout)} bonus candidates at one depth but "
                              f"draft model {cfg.name} has {cfg.vocab_size} tokens; lower the fanout")
@@ -157,6 +160,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.scratch = base + S + 1  # (B,)
         self.work = (base[:, None] + S + 2 + torch.arange(N, device=dd)[None]).reshape(B * N)  # (B*N,)
         self.branch_src = self.chain[:, branch_depths(self.fanout, device=dd)].reshape(B * N)  # chain slot per branch
+        self._attention(eng, dd)
         if self.remote:
             self.io = torch.zeros(B, 2 + S, **long)  # send(): bonus | src | drafts, packed
             self.io_d = torch.zeros(B, 2 + S, dtype=torch.long, device=dd)
@@ -172,6 +176,30 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             self.cache_d, self.branch_q_d = self.cache, self.branch_q
         self._fresh = True  # host flag: the first round reads the pending token from the buffer
 
+    def _attention(self, eng, dd) -> None:
+        """Attention layers: ``AsyncKV`` over each prefilled cache (module doc) and the calls' position tensors;
+        nothing for a draft without attention (its calls' positions are unused and stay zero)."""
+        B, S, N = eng.batch, self.S, self.N
+        long = dict(dtype=torch.long, device=dd)
+        self.kv = None
+        self.pos_chain = torch.zeros(B, S + 1, **long)
+        self.pos_branch = torch.zeros(B * N, 1, **long)
+        self.pos_backup = torch.zeros(B, 1, **long)
+        if not eng.kv:
+            return
+        depth = branch_depths(self.fanout, device=dd)  # (N,)
+        self.kv = [AsyncKV(kv.cache, batch=B, depth=S, branch_depth=depth) for kv in eng.kv]
+        eng.kv = eng.ctx.kv = self.kv  # the engine's own drafting KV (DraftKV) is not used by these calls
+        self.ncommit = torch.zeros(B, **long)  # accepted prefix of the last chain (0: none yet)
+        self.branch_off = (depth + 1).repeat(B)  # (B*N,) position of a branch's first token past the chain's bonus
+        self.branch_seq = torch.arange(B * N, device=dd) // N
+
+    def _chain_prefix(self, src: Tensor) -> Tensor:
+        """(B,) tokens of the last chain that the state in slot ``src`` has absorbed (d_k's slot: k + 1; a
+        sequence's home slot, before its first chain: 0)."""
+        torch.mul(src - self.chain[:, 0] + 1, src >= self.engine.batch, out=self.ncommit)
+        return self.ncommit
+
     def _draft_side(self):
         """The draft's GPU as the current device (its kernels launch there); nothing to switch on one device."""
         dev = self.draft_device
@@ -186,11 +214,14 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         return [] if self.sampling.greedy else [self.spec_gen]
 
     # draft model calls ------------------------------------------------------------------------------
-    def _call(self, ids: Tensor, src: Tensor, dst: Tensor) -> Tensor:
-        """One slot-addressed draft call: ids (R, L) from the states in slots src (R,), the state after token t
-        into slot dst[r, t] -> (R, L, V) logits (fp32). Positions are unused: no attention layer (refused)."""
+    def _call(self, ids: Tensor, src: Tensor, dst: Tensor, pos: Tensor, kind: str, call: int = 0) -> Tensor:
+        """One slot-addressed draft call: ids (R, L) at positions ``pos`` from the states in slots src (R,), the
+        state after token t into slot dst[r, t] -> (R, L, V) logits (fp32); attention layers attend as ``kind``
+        (``AsyncKV``: chain, branch or backup, ``call`` its index)."""
         eng = self.engine
-        eng.ctx.step = StepInputs(ids, torch.zeros_like(ids), src_slot=src, dst_slot=dst)
+        for kv in self.kv or ():
+            kv.set_call(kind, call)
+        eng.ctx.step = StepInputs(ids, pos, src_slot=src, dst_slot=dst, kv_bound=eng.capacity)
         return eng.model(ids, eng.ctx).float()
 
     def _draw(self, logits: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor | None]:
@@ -263,10 +294,19 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         return tokens, one_hot
 
     def _draft_backup(self, tok: Tensor, src: Tensor) -> tuple[Tensor, Tensor | None]:
-        """The synchronous draft from the state after d_k: feed b, then S - 1 drafts (draft device)."""
+        """The synchronous draft from the state after d_k: feed b, then S - 1 drafts (draft device). With
+        attention, the last chain's accepted prefix is not committed yet: the backup sees it as extra keys."""
         toks, qs = [], []
-        for _ in range(self.S):
-            tok, q = self._draw(self._call(tok[:, None], src, self.scratch[:, None])[:, -1], self.gen)
+        if self.kv:
+            n = self._chain_prefix(src)
+            for kv in self.kv:
+                kv.set_visible(n)
+            base = self.kv[0].cache.length + n  # position of b
+        for c in range(self.S):
+            if self.kv:
+                torch.add(base, c, out=self.pos_backup[:, 0])
+            logits = self._call(tok[:, None], src, self.scratch[:, None], self.pos_backup, "backup", c)
+            tok, q = self._draw(logits[:, -1], self.gen)
             toks.append(tok)
             qs.append(q)
             src = self.scratch
@@ -314,11 +354,20 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         with self._draft_side():
             B, S, N = self.engine.batch, self.S, self.N
             ids = torch.cat([self.bonus_d[:, None], self.drafts_d], 1)  # (B, 1+S): b, d_1 .. d_S
-            logits = self._call(ids, self.src_d, self.chain)  # (B, 1+S, V) at depths 0 .. S
+            if self.kv:  # the last chain's accepted prefix joins the committed keys; b sits at the committed length
+                n = self._chain_prefix(self.src_d)
+                for kv in self.kv:
+                    kv.commit_chain(n)
+                length = self.kv[0].cache.length
+                torch.add(length[:, None], torch.arange(S + 1, device=length.device)[None], out=self.pos_chain)
+            logits = self._call(ids, self.src_d, self.chain, self.pos_chain, "chain")  # (B, 1+S, V), depths 0 .. S
             keys = bonus_candidates(logits, self.drafts_d, self.fanout)  # (B, N)
             tok, src = keys.reshape(B * N), self.branch_src
             for c in range(S):  # call c + 1: every branch one token deeper
-                tok, q = self._draw(self._call(tok[:, None], src, self.work[:, None])[:, -1], self.spec_gen)
+                if self.kv:  # branch n's token of call c + 1 at position length + k_n + 1 + c
+                    torch.add(length[self.branch_seq] + self.branch_off, c, out=self.pos_branch[:, 0])
+                logits = self._call(tok[:, None], src, self.work[:, None], self.pos_branch, "branch", c)
+                tok, q = self._draw(logits[:, -1], self.spec_gen)
                 self.cache_d[:, :, 1 + c] = tok.reshape(B, N)
                 if q is not None:
                     self.branch_q_d[:, :, c] = q.reshape(B, N, -1)
