@@ -276,9 +276,10 @@ def test_backup_runs_only_in_rounds_where_a_row_missed():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_captured_two_streams_equal_eager_on_cuda(temperature):
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama"])  # the second: an attention draft
+def test_captured_two_streams_equal_eager_on_cuda(temperature, preset):
     """Draft graph, speculate graph on the side stream and target graph replayed == the same steps eagerly."""
-    cfg = load_preset("tiny-mamba2")
+    cfg = load_preset(preset)
     target = build_model(cfg, seed=0, device="cuda", dtype=torch.float32)
     draft = build_model(cfg, seed=1, device="cuda", dtype=torch.float32)
     opts = dict(draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], temperature=temperature,
@@ -296,15 +297,16 @@ def test_captured_two_streams_equal_eager_on_cuda(temperature):
 # the draft on its own device ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("backup", ["draft", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_draft_device_path_equals_the_one_device_run(backup, temperature):
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama"])  # the second: an attention draft
+def test_draft_device_path_equals_the_one_device_run(backup, temperature, preset):
     """``draft_device`` naming the target's own device runs every transfer of the two-device path (send, fetch_cache,
     fetch_backup, the merge) with the same draws in the same order: the output and the cache counters equal the
     one-device run token for token, hits and misses both seen (a transfer left out would change the drafts)."""
     if temperature == 0.0:
-        (target, draft), prompts = _pair("tiny-mamba2", None, noise=0.05), PROMPTS
+        (target, draft), prompts = _pair(preset, None, noise=0.05), PROMPTS
     else:  # a small vocabulary, so sampled rounds hit the cache too
-        (target, draft), prompts = _pair("tiny-mamba2", None, noise=0.3, vocab=V_SMALL), [[t % V_SMALL for t in p]
-                                                                                        for p in PROMPTS]
+        (target, draft), prompts = _pair(preset, None, noise=0.3, vocab=V_SMALL), [[t % V_SMALL for t in p]
+                                                                                 for p in PROMPTS]
     sampling = SamplingConfig(temperature=temperature, seed=4)
     opts = dict(draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup, temperature=temperature,
                 residual_scale=0.5 if temperature else 1.0)
@@ -342,11 +344,12 @@ def test_remote_drafter_refuses_the_engine_less_proposal():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("backup", ["draft", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature):
+@pytest.mark.parametrize("preset", ["tiny-mamba2", "tiny-mamba-in-llama"])  # the second: an attention draft
+def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature, preset):
     """The draft on cuda:1 (captured graphs on both GPUs, transfers between them) decodes exactly what the draft on
     the target's GPU decodes, and greedy output equals autoregressive; a draft model loaded on the wrong GPU and a
     CUDA draft for a CPU target are refused."""
-    cfg = load_preset("tiny-mamba2")
+    cfg = load_preset(preset)
     target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
     sampling = SamplingConfig(temperature=temperature, seed=5)
     opts = dict(draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup, temperature=temperature,
