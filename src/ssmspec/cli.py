@@ -273,6 +273,7 @@ def _with_signals(argv: list[str] | None) -> int:
         try:
             return _dispatch(argv)
         except interrupt.Interrupted as e:
+            e.reached_top()  # not one a library dropped on the way (ssmspec/interrupt.py)
             # a child of a queue (reproduce, gpu_queue) says it on stdout: its parent's line is the one on stderr
             queued = os.environ.get("SSMSPEC_QUEUED") == "1"
             print(f"interrupted ({e.name}): {e.detail or 'stopped; nothing was written'}",
