@@ -139,7 +139,7 @@ def run_backoff(cfg: DictConfig) -> Iterator[dict]:
     b = cfg.bench
     sizes, sets = check_common(b, "saguaro_fig6_backoff")
     S = int(b.S)
-    for base, run in set_points(cfg, "saguaro_fig6_backoff", sets):
+    for base, run in set_points(cfg, sets):
         if run is None:
             yield {**base, "kind": "line"}
             continue

@@ -318,7 +318,7 @@ class SetRun:
     timed: list
 
 
-def set_points(cfg: DictConfig, what: str, sets: list[str]) -> Iterator[tuple[dict, SetRun | None]]:
+def set_points(cfg: DictConfig, sets: list[str]) -> Iterator[tuple[dict, SetRun | None]]:
     """Per pair and prompt set: (columns every row carries, the set ready to time); None with a skipped row's
     columns where the set is not on disk."""
     b = cfg.bench
@@ -342,7 +342,7 @@ def run_e2e(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``saguaro_e2e`` (module doc): one row per set, temperature, batch and line."""
     b = cfg.bench
     sizes, sets = check_common(b, "saguaro_e2e")
-    for base, run in set_points(cfg, "saguaro_e2e", sets):
+    for base, run in set_points(cfg, sets):
         base["kind"] = "e2e"
         if run is None:
             yield base

@@ -192,7 +192,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         eng.kv = eng.ctx.kv = self.kv  # the engine's own drafting KV (DraftKV) is not used by these calls
         self.ncommit = torch.zeros(B, **long)  # accepted prefix of the last chain (0: none yet)
         self.branch_off = (depth + 1).repeat(B)  # (B*N,) position of a branch's first token past the chain's bonus
-        self.branch_seq = torch.arange(B * N, device=dd) // N
+        self.chain_off = torch.arange(S + 1, device=dd)  # (S+1,) chain depths 0 .. S past the committed length
+        self.pos_start = torch.zeros(B * N, **long)  # (B*N,) position of each branch's first token (speculate)
 
     def _chain_prefix(self, src: Tensor) -> Tensor:
         """(B,) tokens of the last chain that the state in slot ``src`` has absorbed (d_k's slot: k + 1; a
@@ -359,13 +360,14 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
                 for kv in self.kv:
                     kv.commit_chain(n)
                 length = self.kv[0].cache.length
-                torch.add(length[:, None], torch.arange(S + 1, device=length.device)[None], out=self.pos_chain)
+                torch.add(length[:, None], self.chain_off[None], out=self.pos_chain)
+                torch.add(length[self.kv[0].branch_seq], self.branch_off, out=self.pos_start)
             logits = self._call(ids, self.src_d, self.chain, self.pos_chain, "chain")  # (B, 1+S, V), depths 0 .. S
             keys = bonus_candidates(logits, self.drafts_d, self.fanout)  # (B, N)
             tok, src = keys.reshape(B * N), self.branch_src
             for c in range(S):  # call c + 1: every branch one token deeper
                 if self.kv:  # branch n's token of call c + 1 at position length + k_n + 1 + c
-                    torch.add(length[self.branch_seq] + self.branch_off, c, out=self.pos_branch[:, 0])
+                    torch.add(self.pos_start, c, out=self.pos_branch[:, 0])
                 logits = self._call(tok[:, None], src, self.work[:, None], self.pos_branch, "branch", c)
                 tok, q = self._draw(logits[:, -1], self.spec_gen)
                 self.cache_d[:, :, 1 + c] = tok.reshape(B, N)
