@@ -1,7 +1,7 @@
 """Figures of ``saguaro_e2e`` and ``saguaro_fig6_backoff`` (bench/saguaro_e2e.py, bench/saguaro_backoff.py), from
 results only.
 
-``saguaro_e2e``: per prompt set and temperature, emitted tokens/s vs batch of autoregressive, synchronous and
+``saguaro_e2e``: per trained pair, prompt set and temperature, emitted tokens/s vs batch of autoregressive, synchronous and
 asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and below it the async lines' speedup over synchronous
 speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
 backup ngram, and the backoff line (the line ``backoff_choice`` picked at each batch from that batch's
@@ -29,9 +29,19 @@ _STYLE = {"autoregressive": ("#555555", "o", "-"), "sync draft_model": ("#4c72b0
 
 
 def _pair_line(d: pd.DataFrame) -> str:
+    pairs = "; ".join(f"{t} / {dr}" for t, dr in dict.fromkeys(zip(d["target"], d["draft"])))
     r = d.iloc[0]
-    return (f"MEASURED acceptance: trained pair {r['target']} / {r['draft']} (train run {r['train_run']} "
+    return (f"MEASURED acceptance: trained pair{'s' if ';' in pairs else ''} {pairs} (train run {r['train_run']} "
             f"{r['train_key']}), S = {int(d['S'].max())}, {r['dtype']}, {r['timing']}")
+
+
+def _families(d: pd.DataFrame) -> list:
+    """The pairs' families in row order ([None] for rows without the column: one pair)."""
+    return list(dict.fromkeys(d["family"])) if "family" in d.columns else [None]
+
+
+def _of(d: pd.DataFrame, family) -> pd.DataFrame:
+    return d if family is None else d[d["family"] == family]
 
 
 def _fanout_note(d: pd.DataFrame) -> str:
@@ -59,16 +69,23 @@ def _batch_axis(ax, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
+def e2e_panels(d: pd.DataFrame) -> list[tuple]:
+    """The columns of the e2e figure: (family or None, prompt set, temperature), pairs in row order."""
+    return [(f, name, T) for f in _families(d) for name, T in dict.fromkeys(zip(_of(d, f)["set"],
+                                                                            _of(d, f)["temperature"]))]
+
+
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
     """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (set, T)."""
     d = ok_rows(df)
     d = d[d["kind"] == "e2e"] if "kind" in d.columns else d.iloc[0:0]
     if not len(d):
         raise ValueError("saguaro_e2e: no e2e rows to plot")
-    panels = list(dict.fromkeys(zip(d["set"], d["temperature"])))
+    panels = e2e_panels(d)
     fig, axes = plt.subplots(2, len(panels), figsize=(4.8 * len(panels), 7.6), squeeze=False)
-    for col, (name, T) in enumerate(panels):
-        p = d[(d["set"] == name) & (d["temperature"] == T)]
+    for col, (family, name, T) in enumerate(panels):
+        p = _of(d, family)
+        p = p[(p["set"] == name) & (p["temperature"] == T)]
         top, low = axes[0][col], axes[1][col]
         for label in dict.fromkeys(p["line"]):
             _line(top, p[p["line"] == label], label, "tokens_per_s")
@@ -79,7 +96,8 @@ def plot_e2e(df: pd.DataFrame, out: Path) -> None:
             color = _STYLE.get(label, ("#888888",))[0]
             low.plot(t["batch"], t["hit_rate"], color=color, ls=":", marker=".", label=f"{label}: cache hit rate")
         low.axhline(1.0, color="#999999", lw=0.8)
-        top.set_title(f"{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
+        pair = "" if family is None else f"{p.iloc[0]['target']} / {p.iloc[0]['draft']}: "
+        top.set_title(f"{pair}{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
         _batch_axis(top, "emitted tokens/s")
         _batch_axis(low, "async / sync tokens/s (solid); hit rate (dotted)")
     save(fig, out, f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
