@@ -56,8 +56,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: setup
-	@# exit status 5 = no tests collected (e.g. a filtered run): not a failure
-	$(PY) -m pytest -q -n 2 tests || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
+	@# exit status 5 = no tests collected (e.g. a filtered run): not a failure; the slowest 25 are listed so that
+	@# a CI run that grows towards its 20 minutes shows where the time went
+	$(PY) -m pytest -q -n 2 --durations=25 tests || { rc=$$?; [ $$rc -eq 5 ] || exit $$rc; }
 
 reproduce: setup
 	$(PY) -m ssmspec reproduce $(if $(PROFILE),--profile $(PROFILE)) $(if $(filter 1 yes true,$(ALLOW_MISSING_BASELINES)),--allow-missing-baselines) $(if $(filter 1 yes true,$(SAVE_REFERENCE)),--save-reference)
