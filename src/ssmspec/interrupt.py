@@ -24,6 +24,7 @@ Kept free of torch and Hydra imports (the gpu_queue launcher, which Hydra import
 """
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import sys
@@ -131,7 +132,7 @@ def _unraisable(previous):
     return hook
 
 
-_generations = iter(range(1, 1 << 62))
+_generations = itertools.count(1)  # 0: no block ever active
 
 
 def _next_generation() -> int:
