@@ -11,6 +11,7 @@ Tolerances (float32 everywhere; both sides run the SSD scan in fp32):
   our decode vs our own parallel forward: atol 2e-5, rtol 1e-5
   greedy tokens: exact
 """
+import inspect
 import json
 import math
 
@@ -120,7 +121,12 @@ def ours_decode_logits(model, prompt, forced):
 @torch.no_grad()
 def hf_decode_logits(hf, prompt, forced):
     """transformers: prefill with a cache, then one forced token per call. (n, V) like ours_decode_logits."""
-    key = "cache_params" if isinstance(hf, Mamba2ForCausalLM) else "past_key_values"
+    # the forward's cache argument (and output field): ``cache`` in transformers from 5.2x on, which warns that the
+    # older names go in 5.40; those names below it
+    if "cache" in inspect.signature(hf.forward).parameters:
+        key = "cache"
+    else:
+        key = "cache_params" if isinstance(hf, Mamba2ForCausalLM) else "past_key_values"
     out = hf(torch.tensor([prompt]), use_cache=True)
     cache, logits = getattr(out, key), [out.logits[:, -1]]
     for tok in forced[:-1]:
