@@ -5,7 +5,6 @@ import subprocess
 import zipfile
 
 import pytest
-import torch
 import yaml
 
 from ssmspec import paths
@@ -13,13 +12,7 @@ from ssmspec.data import ByteTokenizer, fetch, load_prompts, load_tokenizer, pro
 from ssmspec.models import build_model, load_model, load_preset
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture

@@ -11,13 +11,7 @@ from ssmspec.models import load_model, load_preset
 from ssmspec.models.loading import checkpoint_dir, config_from_hf, config_from_mamba_ssm, read_config_json
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # fields that describe the architecture (name, source, max_seq_len are bookkeeping)

@@ -40,12 +40,7 @@ MIL = dict(d_model=64, ssm_cfg={"expand": 1, "ngroups": 4, "d_state": 16, "chunk
            attn_layers=[1, 3])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def mil_weights(seed: int = 0) -> dict[str, torch.Tensor]:

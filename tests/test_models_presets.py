@@ -6,13 +6,7 @@ import torch
 from ssmspec.models import HybridLM, load_preset, preset_names
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # shared/MODELS.md 3a/3b [D] columns: (I, heads, conv_dim, in_proj out)

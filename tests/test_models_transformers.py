@@ -25,13 +25,7 @@ from ssmspec.verify.base import Verdict
 from model_forward import parallel_logits
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """Tiny models: one thread per xdist worker (2 workers on 2 shared cores spin badly otherwise)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}  # ours vs transformers
