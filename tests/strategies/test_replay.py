@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from ssmspec.drafting.base import DraftTree
-from ssmspec.engine.context import RunContext
 from ssmspec.engine.generate import generate
 from ssmspec.models.config import load_preset
-from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import build_model
 from ssmspec.strategies import MixerInputs, SpecConfig, StepInputs, make_strategy, strategy_names
 from ssmspec.verify.base import Verdict
+from model_forward import parallel_logits
 from strategy_helpers import Recorder
 
 PROMPTS = [[5, 17, 33, 8], [9, 10, 11, 12, 13, 14, 15], [42, 7]]  # different lengths: left padding
@@ -193,13 +192,7 @@ def test_logits_match_full_forward_float32(preset):
                    drafter=ChainOracle(ref, p=0.7, S=2, seed=2, R=5))
     got = torch.cat([logits[0, v.path[0, :int(v.accepted[0]) + 1]] for logits, v in rec.calls])  # prefill first
     ids = torch.tensor([prompt[0] + out.sequences[0]])
-    strat = make_strategy("autoregressive")
-    strat.allocate(cfg, 1, SpecConfig(), "cpu", torch.float32)
-    kv = [KVCache(1, cfg.n_kv_heads, cfg.attn_head_dim, cfg.max_seq_len, rows=1, max_new=ids.shape[1],
-                  device="cpu", dtype=torch.float32) for _ in cfg.attention_layers]
-    step = StepInputs(input_ids=ids, positions=torch.arange(ids.shape[1])[None], prefill=True)
-    with torch.no_grad():
-        ref_logits = model(ids, RunContext(strategy=strat, kv=kv, step=step))[0]  # (T, V)
+    ref_logits = parallel_logits(model, ids)[0]  # (T, V)
     P = len(prompt[0])
     n = len(out.sequences[0])  # one row of logits behind every emitted token
     assert got.shape[0] >= n == 14
