@@ -28,8 +28,38 @@ def test_notebook_executes_headless(monkeypatch):
     headings = [m for m in _outputs(nb, "text/markdown") if m.startswith("### ")]  # figure titles are **bold**
     assert headings == [f"### `{e}`" for e in experiments]
     html = _outputs(nb, "text/html")
-    assert len(html) == 1 + len(experiments)  # provenance table + one table per experiment
+    # provenance table + one table per experiment + the acceptance labels and the measured acceptance
+    assert len(html) == 1 + len(experiments) + 2
     throughput = html[1 + experiments.index("throughput_ar")]
     assert "<th>16</th>" in throughput and "<th>16.0</th>" not in throughput  # integer headers
+    _check_acceptance_tables(nb)
     figures = sorted((ROOT / "results" / "figures").glob("*.png"))
     assert len(_outputs(nb, "image/png")) == len(figures) > 0
+
+
+def _check_acceptance_tables(nb) -> None:
+    """The two acceptance tables are the law of the files: the label counts per experiment and profile, and the
+    median mean accepted length of trained_acceptance's measured rows (recomputed here from its cpu reference)."""
+    import json
+    import statistics
+
+    labels = {}
+    for path in (ROOT / "results").glob("*/*/results.jsonl"):
+        for line in path.read_text().splitlines():
+            label = json.loads(line).get("acceptance") or "-"
+            key = (path.parent.parent.name, path.parent.name)
+            labels.setdefault(key, {}).setdefault(label, 0)
+            labels[key][label] += 1
+    text = [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "text" in o]
+    measured = sum(v.get("measured", 0) for v in labels.values())
+    oracle = sum(v.get("oracle", 0) for v in labels.values())
+    assert any(f"{measured} measured and {oracle} oracle rows" in t for t in text), text[-3:]
+    assert measured > 0 and oracle > 0  # both kinds are committed: the table is not vacuous
+    rows = [json.loads(x) for x in (ROOT / "results" / "trained_acceptance" / "cpu" / "results.jsonl").read_text()
+            .splitlines()]
+    dm = [r["mean_accepted"] for r in rows if r.get("acceptance") == "measured" and r.get("drafter") == "draft_model"
+          and r.get("strategy") == "replay" and r.get("set") == "validation" and r.get("S") == 4
+          and r.get("status", "ok") == "ok"]  # one cell of the table: (trained_acceptance, mamba2, validation, ...)
+    assert dm
+    html = _outputs(nb, "text/html")[-1]
+    assert f"{statistics.median(dm):.2f}" in html and "trained_acceptance" in html
