@@ -32,11 +32,13 @@ WAIT_S = 60.0  # a loaded 2-core machine takes seconds to start a run; the tests
 class Cmd:
     """``python -m ssmspec <argv>`` started in ``cwd``, its output in files (no pipe to fill up)."""
 
-    def __init__(self, cwd: Path, *argv: str, env: dict | None = None) -> None:
+    def __init__(self, cwd: Path, *argv: str, env: dict | None = None, code: str | None = None) -> None:
+        """``code``: run this program instead of ``-m ssmspec`` (it reads ``argv`` from sys.argv[1:])."""
         self.out, self.err = cwd / f".out-{time.monotonic_ns()}", cwd / f".err-{time.monotonic_ns()}"
         path = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
+        how = ["-m", "ssmspec"] if code is None else ["-c", code]
         with self.out.open("w") as o, self.err.open("w") as e:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ssmspec", *argv], cwd=cwd, stdout=o, stderr=e,
+            self.proc = subprocess.Popen([sys.executable, *how, *argv], cwd=cwd, stdout=o, stderr=e,
                                          env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
     def signal(self, sig: int) -> int:
@@ -99,6 +101,38 @@ def test_a_signal_ends_a_run_with_one_line_and_nothing_left(tmp_path, sig):
     _, err = run.output()
     assert one_line(err) == f"interrupted ({sig.name}): nothing of this run was written"
     assert list(tmp_path.iterdir()) == []  # no staging folder, no run directory Hydra made, no runs/
+
+
+# the CLI with one change: when the experiment starts its rows (the staging folder exists, no signal is held), an
+# object is freed whose finaliser sends SIGHUP and sleeps, so the handler raises inside it and Python drops that
+# ("Exception ignored in ..."), as it did during torch's imports in the CI failure of 9c40569
+DROPPED_IN_A_FINALISER = """
+import os, signal, sys, time
+from ssmspec.bench import trained_rows
+from ssmspec.cli import main
+
+class Finaliser:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.5)
+
+rows = trained_rows.rows
+
+def dropping_rows(*a, **k):
+    Finaliser()
+    yield from rows(*a, **k)
+
+trained_rows.rows = dropping_rows
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_dropped_in_a_finaliser_still_ends_the_run_with_one_line(tmp_path):
+    run = Cmd(tmp_path, "run", *SLOW, code=DROPPED_IN_A_FINALISER)
+    assert run.wait() == 128 + signal.SIGHUP  # sent once; without the second delivery the run goes on for minutes
+    _, err = run.output()
+    assert one_line(err) == "interrupted (SIGHUP): nothing of this run was written"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_interrupted_run_keeps_the_previous_files_of_its_results_dir(tmp_path):
