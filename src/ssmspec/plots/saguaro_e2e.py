@@ -1,9 +1,9 @@
 """Figures of ``saguaro_e2e`` and ``saguaro_fig6_backoff`` (bench/saguaro_e2e.py, bench/saguaro_backoff.py), from
 results only.
 
-``saguaro_e2e``: per trained pair, prompt set and temperature, emitted tokens/s vs batch of autoregressive, synchronous and
-asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and below it the async lines' speedup over synchronous
-speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
+``saguaro_e2e``: per trained pair, prompt set and temperature, emitted tokens/s vs batch of autoregressive,
+synchronous and asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and
+below it the async lines' speedup over synchronous speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
 backup ngram, and the backoff line (the line ``backoff_choice`` picked at each batch from that batch's
 measurements), a vertical mark where the choice flips and a mark at the measured crossing of the two lines, the
 title saying whether they agree. Both MEASURED on a trained pair; titles say so (``plots/style.py``).
@@ -76,7 +76,7 @@ def e2e_panels(d: pd.DataFrame) -> list[tuple]:
 
 
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
-    """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (set, T)."""
+    """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (pair, set, T)."""
     d = ok_rows(df)
     d = d[d["kind"] == "e2e"] if "kind" in d.columns else d.iloc[0:0]
     if not len(d):
