@@ -3,10 +3,10 @@ results only.
 
 ``saguaro_e2e``: per trained pair, prompt set and temperature, emitted tokens/s vs batch of autoregressive,
 synchronous and asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and
-below it the async lines' speedup over synchronous speculation and their cache hit rate. ``saguaro_fig6_backoff``: tokens/s vs batch of async with backup draft, with
-backup ngram, and the backoff line (the line ``backoff_choice`` picked at each batch from that batch's
-measurements), a vertical mark where the choice flips and a mark at the measured crossing of the two lines, the
-title saying whether they agree. Both MEASURED on a trained pair; titles say so (``plots/style.py``).
+below it the async lines' speedup over synchronous speculation and their cache hit rate. ``saguaro_fig6_backoff``:
+tokens/s vs batch of async with backup draft, with backup ngram, and the backoff line (the line ``backoff_choice``
+picked at each batch from that batch's measurements), a vertical mark where the choice flips and a mark at the
+measured crossing of the two lines, the title saying whether they agree. Both MEASURED on a trained pair; titles say so (``plots/style.py``).
 """
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ _STYLE = {"autoregressive": ("#555555", "o", "-"), "sync draft_model": ("#4c72b0
 
 
 def _pair_line(d: pd.DataFrame) -> str:
-    pairs = "; ".join(f"{t} / {dr}" for t, dr in dict.fromkeys(zip(d["target"], d["draft"])))
+    pairs = [f"{t} / {dr}" for t, dr in dict.fromkeys(zip(d["target"], d["draft"]))]
     r = d.iloc[0]
-    return (f"MEASURED acceptance: trained pair{'s' if ';' in pairs else ''} {pairs} (train run {r['train_run']} "
-            f"{r['train_key']}), S = {int(d['S'].max())}, {r['dtype']}, {r['timing']}")
+    return (f"MEASURED acceptance: trained pair{'s' if len(pairs) > 1 else ''} {'; '.join(pairs)} "
+            f"(train run {r['train_run']} {r['train_key']}), S = {int(d['S'].max())}, {r['dtype']}, {r['timing']}")
 
 
 def _families(d: pd.DataFrame) -> list:
@@ -71,8 +71,11 @@ def _batch_axis(ax, ylabel: str) -> None:
 
 def e2e_panels(d: pd.DataFrame) -> list[tuple]:
     """The columns of the e2e figure: (family or None, prompt set, temperature), pairs in row order."""
-    return [(f, name, T) for f in _families(d) for name, T in dict.fromkeys(zip(_of(d, f)["set"],
-                                                                            _of(d, f)["temperature"]))]
+    panels = []
+    for family in _families(d):
+        p = _of(d, family)
+        panels += [(family, name, T) for name, T in dict.fromkeys(zip(p["set"], p["temperature"]))]
+    return panels
 
 
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
