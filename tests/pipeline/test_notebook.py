@@ -42,17 +42,12 @@ def _check_acceptance_tables(nb) -> None:
     median mean accepted length of trained_acceptance's measured rows (recomputed here from its cpu reference)."""
     import json
     import statistics
+    from collections import Counter
 
-    labels = {}
-    for path in (ROOT / "results").glob("*/*/results.jsonl"):
-        for line in path.read_text().splitlines():
-            label = json.loads(line).get("acceptance") or "-"
-            key = (path.parent.parent.name, path.parent.name)
-            labels.setdefault(key, {}).setdefault(label, 0)
-            labels[key][label] += 1
+    labels = Counter(json.loads(line).get("acceptance") for path in (ROOT / "results").glob("*/*/results.jsonl")
+                     for line in path.read_text().splitlines())
     text = [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if "text" in o]
-    measured = sum(v.get("measured", 0) for v in labels.values())
-    oracle = sum(v.get("oracle", 0) for v in labels.values())
+    measured, oracle = labels["measured"], labels["oracle"]
     assert any(f"{measured} measured and {oracle} oracle rows" in t for t in text), text[-3:]
     assert measured > 0 and oracle > 0  # both kinds are committed: the table is not vacuous
     rows = [json.loads(x) for x in (ROOT / "results" / "trained_acceptance" / "cpu" / "results.jsonl").read_text()

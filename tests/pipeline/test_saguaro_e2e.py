@@ -102,15 +102,12 @@ def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
 def test_the_e2e_figure_has_a_column_per_pair(tmp_path):
     """Two trained pairs (the gpu profile runs the Mamba-2 and the Nemotron-H pair): one column per pair, set and
     temperature, each titled with its pair; the committed cpu reference stands in for the rows."""
-    import json
-
     import pandas as pd
 
     from ssmspec import paths
     from ssmspec.plots.saguaro_e2e import _pair_line, e2e_panels, plot_e2e
 
-    rows = [json.loads(x) for x in (paths.ROOT / "results" / "saguaro_e2e" / "cpu" / "results.jsonl").read_text().splitlines()]
-    one = pd.DataFrame(rows)
+    one = pd.read_json(paths.ROOT / "results" / "saguaro_e2e" / "cpu" / "results.jsonl", lines=True)
     two = pd.concat([one, one.assign(family="nemotron_h", target="nemotron_h-target", draft="nemotron_h-draft")])
     sets = list(dict.fromkeys(zip(one["set"], one["temperature"])))
     assert e2e_panels(one[one["status"] == "ok"]) == [("mamba2", *p) for p in sets]
