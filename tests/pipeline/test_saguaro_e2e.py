@@ -64,6 +64,34 @@ def test_a_hybrid_pair_with_an_attention_draft_runs_exact(cli, tmp_path, train_c
     _check_greedy_exact(rows)
 
 
+def test_a_draft_length_sweep_is_a_group_of_rows_per_length(cli, tmp_path, train_cache):
+    """``bench.S=[2,4]``: every line runs at each draft length (autoregressive timed again), each group has its own
+    fitted fan-out of S + 1 counts, and the speedups compare rows of one group only; the figure has a row pair per
+    length."""
+    from ssmspec.plots.saguaro_e2e import e2e_panels, plot_e2e
+
+    argv = ["experiment=saguaro_e2e", *SMALL[:5], "bench.batch=[1]", "bench.temperature=[0.0]",
+            "bench.sets=[validation]", "bench.S=[2,4]"]
+    rows = run_rows(cli, tmp_path, argv, f"bench.cache_dir={train_cache}")
+    assert all(r["status"] == "ok" for r in rows) and len(rows) == 2 * 4
+    for S in (2, 4):
+        got = {r["line"]: r for r in rows if r["sweep_S"] == S}
+        assert set(got) == {"autoregressive", "sync draft_model", *ASYNC}
+        assert got["autoregressive"]["S"] == 0 and got["sync draft_model"]["S"] == S
+        for label in ASYNC:
+            r = got[label]
+            assert r["S"] == S and len(r["fanout"]) == S + 1 and sum(r["fanout"]) <= 8
+            assert r["speedup_vs_sync"] == pytest.approx(r["tokens_per_s"] / got["sync draft_model"]["tokens_per_s"])
+            assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / got["autoregressive"]["tokens_per_s"])
+    _check_greedy_exact(rows)
+    import pandas as pd
+
+    d = pd.DataFrame(rows)
+    assert e2e_panels(d) == [("mamba2", 2, "validation", 0.0), ("mamba2", 4, "validation", 0.0)]
+    plot_e2e(d, tmp_path / "e2e.png")
+    assert (tmp_path / "e2e.png").stat().st_size > 0
+
+
 def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_cache):
     rows = run_rows(cli, tmp_path, FIG6, f"bench.cache_dir={train_cache}")
     lines = [r for r in rows if r["kind"] == "line"]
@@ -88,10 +116,14 @@ def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_c
     (E2E, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
     (E2E, "bench.budget=0", "cannot hold one cache branch"),
     (E2E, "bench.draft_devices=[gpu1]", "neither 'same' nor a GPU such as cuda:1"),
+    (E2E, "bench.S=[2,2]", "a list of distinct ones"),
+    (E2E, "bench.S=[0]", "a draft length >= 1"),
     (FIG6, "bench.batch=[]", "bench.batch needs a non-empty list"),
+    (FIG6, "bench.S=[2,4]", "bench.S must be an int like 4"),
     (FIG6, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
     (FIG6, "bench.fanout=[1,1]", "one count per accepted length"),
-], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "e2e-draft-device", "fig6-batch", "fig6-fanout", "fig6-fanout-length"])
+], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "e2e-draft-device", "e2e-S-twice", "e2e-S-zero", "fig6-batch",
+         "fig6-S-list", "fig6-fanout", "fig6-fanout-length"])
 def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
     status, _, err = cli("run", *argv, extra, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err, err
@@ -110,8 +142,8 @@ def test_the_e2e_figure_has_a_column_per_pair(tmp_path):
     one = pd.read_json(paths.ROOT / "results" / "saguaro_e2e" / "cpu" / "results.jsonl", lines=True)
     two = pd.concat([one, one.assign(family="nemotron_h", target="nemotron_h-target", draft="nemotron_h-draft")])
     sets = list(dict.fromkeys(zip(one["set"], one["temperature"])))
-    assert e2e_panels(one[one["status"] == "ok"]) == [("mamba2", *p) for p in sets]
-    assert e2e_panels(two[two["status"] == "ok"]) == [(f, *p) for f in ("mamba2", "nemotron_h") for p in sets]
+    assert e2e_panels(one[one["status"] == "ok"]) == [("mamba2", None, *p) for p in sets]
+    assert e2e_panels(two[two["status"] == "ok"]) == [(f, None, *p) for f in ("mamba2", "nemotron_h") for p in sets]
     assert "trained pairs" in _pair_line(two) and "nemotron_h-target / nemotron_h-draft" in _pair_line(two)
     plot_e2e(two, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 0

@@ -51,8 +51,8 @@ from collections.abc import Iterator
 from omegaconf import DictConfig
 
 from ssmspec.bench.inputs import track
-from ssmspec.bench.saguaro_e2e import (ASYNC_DRAFT, ASYNC_NGRAM, SYNC, SYNC_PNG, check_common, fit_fanout,
-                                       make_point, set_points, time_line)
+from ssmspec.bench.saguaro_e2e import (ASYNC_DRAFT, ASYNC_NGRAM, SYNC, SYNC_PNG, check_common, draft_lengths,
+                                       fit_fanout, make_point, set_points, time_line)
 from ssmspec.drafting import saguaro_topology as topo
 
 log = logging.getLogger("ssmspec.bench.saguaro_backoff")
@@ -138,7 +138,11 @@ def run_backoff(cfg: DictConfig) -> Iterator[dict]:
     """Bench function of ``saguaro_fig6_backoff`` (module doc)."""
     b = cfg.bench
     sizes, sets = check_common(b, "saguaro_fig6_backoff")
-    S = int(b.S)
+    Ss = draft_lengths(b, "saguaro_fig6_backoff")
+    if len(Ss) != 1:
+        raise ValueError(f"saguaro_fig6_backoff: bench.S takes one draft length here, got {Ss}; e.g. bench.S={Ss[0]} "
+                         f"(saguaro_e2e sweeps a list)")
+    S = Ss[0]
     for base, run in set_points(cfg, sets):
         if run is None:
             yield {**base, "kind": "line"}

@@ -25,7 +25,11 @@ rate of those rounds (``saguaro_cache.fit_topologies``), once per set and temper
 stated fan-out used as given. Rows say which (``fanout_from``). The timed batches hold the second half's
 prompts, cycled up to the batch size, so the fan-out is never scored on the prompts it was fitted on.
 
-Per set, temperature (0: greedy; > 0: speculative sampling, seeded) and batch, each row carries
+``bench.S`` is the draft length of every speculative line, or a list of them: each draft length is a group of
+rows with every line (autoregressive too, timed again), its own fitted fan-out, and ``sweep_S`` naming it; the
+speedups compare lines of one group only.
+
+Per set, draft length, temperature (0: greedy; > 0: speculative sampling, seeded) and batch, each row carries
 ``tokens_per_s`` (emitted tokens, accepted + 1 per sequence and step, over the summed step times), ``ms_p50`` /
 ``ms_p90`` (step time), ``mean_accepted`` and ``accepted_hist``, ``draft_ms`` (the drafting part of each step:
 ``Engine.draft_ms``, the draft graph on the critical path -- for the async lines the cache lookup and, in a
@@ -108,9 +112,7 @@ def check_common(b: DictConfig, what: str) -> tuple[list[int], list[str]]:
     if not sizes or min(sizes) < 1:
         raise ValueError(f"{what}: bench.batch needs a non-empty list of batch sizes >= 1, got {sizes}; e.g. "
                          f"bench.batch=[1,2]")
-    S = int(b.S)
-    if S < 1:
-        raise ValueError(f"{what}: bench.S (drafts per round) must be >= 1, got {S}")
+    draft_lengths(b, what)
     if int(b.num_prompts) < 2 or int(b.prompt_len) < 1:
         raise ValueError(f"{what}: need bench.num_prompts >= 2 (the first half fits the fan-out, the second is timed) "
                          f"and bench.prompt_len >= 1; got {b.num_prompts}, {b.prompt_len}")
@@ -121,12 +123,33 @@ def check_common(b: DictConfig, what: str) -> tuple[list[int], list[str]]:
         SamplingConfig(temperature=float(T))  # a negative temperature fails here
     if not list(b.temperature):
         raise ValueError(f"{what}: bench.temperature needs at least one temperature, e.g. [0.0]")
-    fanout_spec(b)
+    for S in draft_lengths(b, what):
+        fanout_spec(with_S(b, S))
     draft_devices(b)
     sets = [str(s) for s in b.sets]
     if not sets or set(sets) - set(SETS):
         raise ValueError(f"{what}: bench.sets lists prompt sets of {list(SETS)}, got {sets}")
     return sizes, sets
+
+
+def draft_lengths(b: DictConfig, what: str = "saguaro_e2e") -> list[int]:
+    """``bench.S``: one draft length, or a list of them (each a group of rows with every line, ``sweep_S``)."""
+    raw = OmegaConf.to_container(b.S) if OmegaConf.is_list(b.S) else [b.S]
+    try:
+        Ss = [int(s) for s in raw]
+    except (TypeError, ValueError):
+        Ss = []
+    if not Ss or min(Ss) < 1 or len(set(Ss)) != len(Ss):
+        raise ValueError(f"{what}: bench.S (drafts per round) is a draft length >= 1 or a list of distinct ones, "
+                         f"got {raw}; e.g. bench.S=4 or bench.S=[4,8]")
+    return Ss
+
+
+def with_S(b: DictConfig, S: int) -> DictConfig:
+    """``b`` with ``bench.S`` set to the one draft length ``S`` (the settings one group of rows runs with)."""
+    c = OmegaConf.to_container(b, resolve=True)
+    c["S"] = int(S)
+    return OmegaConf.create(c)
 
 
 def draft_devices(b: DictConfig) -> list[str]:
@@ -339,27 +362,33 @@ def set_points(cfg: DictConfig, sets: list[str]) -> Iterator[tuple[dict, SetRun 
 
 
 def run_e2e(cfg: DictConfig) -> Iterator[dict]:
-    """Bench function of ``saguaro_e2e`` (module doc): one row per set, temperature, batch and line."""
+    """Bench function of ``saguaro_e2e`` (module doc): one row per set, draft length, temperature, batch and
+    line."""
     b = cfg.bench
     sizes, sets = check_common(b, "saguaro_e2e")
+    Ss = draft_lengths(b)
     for base, run in set_points(cfg, sets):
         base["kind"] = "e2e"
         if run is None:
             yield base
             continue
         drafts_on, missing = remote_drafts(run, b, str(cfg.device))
-        for T in [float(t) for t in b.temperature]:
-            fan, fan_cols = fit_fanout(run.pair, run.fit, b, T)
-            for bsz in track(sizes, desc=f"saguaro_e2e {base['set']} T={T:g}"):
-                p = make_point(run.target, run.draft, run.timed, bsz, b, temperature=T, fanout=fan, graph=run.graph)
-                p.drafts_on = drafts_on
-                rows = [time_line(p, line, b, graph=run.graph, head={**base, **fan_cols}) for line in E2E_LINES]
-                for dev in drafts_on:
-                    rows += [time_line(p, line.on(dev), b, graph=run.graph,
-                                       head={**base, **fan_cols, "overlap": f"speculate on {dev} (the draft's own "
-                                             f"GPU) while {cfg.device} verifies"}) for line in (ASYNC_DRAFT, ASYNC_NGRAM)]
-                add_speedups(rows)
-                yield from rows
+        for S in Ss:
+            bS = with_S(b, S)
+            for T in [float(t) for t in b.temperature]:
+                fan, fan_cols = fit_fanout(run.pair, run.fit, bS, T)
+                head = {**base, **fan_cols, "sweep_S": S}
+                for bsz in track(sizes, desc=f"saguaro_e2e {base['set']} S={S} T={T:g}"):
+                    p = make_point(run.target, run.draft, run.timed, bsz, bS, temperature=T, fanout=fan,
+                                   graph=run.graph)
+                    p.drafts_on = drafts_on
+                    rows = [time_line(p, line, bS, graph=run.graph, head=head) for line in E2E_LINES]
+                    for dev in drafts_on:
+                        rows += [time_line(p, line.on(dev), bS, graph=run.graph,
+                                           head={**head, "overlap": f"speculate on {dev} (the draft's own GPU) while "
+                                                 f"{cfg.device} verifies"}) for line in (ASYNC_DRAFT, ASYNC_NGRAM)]
+                    add_speedups(rows)
+                    yield from rows
         yield from ({**base, "line": line.on(dev).label, "drafter": "async_draft", "backup": line.backup,
                      "draft_device": dev, "status": "skipped", "reason": why}
                     for dev, why in missing.items() for line in (ASYNC_DRAFT, ASYNC_NGRAM))

@@ -1,7 +1,7 @@
 """Figures of ``saguaro_e2e`` and ``saguaro_fig6_backoff`` (bench/saguaro_e2e.py, bench/saguaro_backoff.py), from
 results only.
 
-``saguaro_e2e``: per trained pair, prompt set and temperature, emitted tokens/s vs batch of autoregressive,
+``saguaro_e2e``: per trained pair, draft length, prompt set and temperature, emitted tokens/s vs batch of autoregressive,
 synchronous and asynchronous speculation (backup draft, backup ngram; dashed: the draft on a GPU of its own), and
 below it the async lines' speedup over synchronous speculation and their cache hit rate. ``saguaro_fig6_backoff``:
 tokens/s vs batch of async with backup draft, with backup ngram, and the backoff line (the line ``backoff_choice``
@@ -32,7 +32,13 @@ def _pair_line(d: pd.DataFrame) -> str:
     pairs = [f"{t} / {dr}" for t, dr in dict.fromkeys(zip(d["target"], d["draft"]))]
     r = d.iloc[0]
     return (f"MEASURED acceptance: trained pair{'s' if len(pairs) > 1 else ''} {'; '.join(pairs)} "
-            f"(train run {r['train_run']} {r['train_key']}), S = {int(d['S'].max())}, {r['dtype']}, {r['timing']}")
+            f"(train run {r['train_run']} {r['train_key']}), S = {_S_note(d)}, {r['dtype']}, {r['timing']}")
+
+
+def _S_note(d: pd.DataFrame) -> str:
+    """The draft length of the rows, or the list of them the run swept."""
+    Ss = sorted(set(d["sweep_S"].dropna().astype(int))) if "sweep_S" in d.columns else []
+    return ", ".join(map(str, Ss)) if len(Ss) > 1 else str(int(d["S"].max()))
 
 
 def _families(d: pd.DataFrame) -> list:
@@ -69,27 +75,44 @@ def _batch_axis(ax, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
+def _draft_lengths(p: pd.DataFrame) -> list:
+    """The draft-length groups of a pair's rows in row order ([None] for rows without ``sweep_S``: one S)."""
+    return list(dict.fromkeys(p["sweep_S"].dropna().astype(int))) if "sweep_S" in p.columns else [None]
+
+
+def _of_S(p: pd.DataFrame, S) -> pd.DataFrame:
+    return p if S is None else p[p["sweep_S"] == S]
+
+
 def e2e_panels(d: pd.DataFrame) -> list[tuple]:
-    """The columns of the e2e figure: (family or None, prompt set, temperature), pairs in row order."""
+    """The panels of the e2e figure: (family or None, draft length or None, prompt set, temperature), in row
+    order. A figure row pair per (family, draft length), a column per (set, temperature)."""
     panels = []
     for family in _families(d):
         p = _of(d, family)
-        panels += [(family, name, T) for name, T in dict.fromkeys(zip(p["set"], p["temperature"]))]
+        for S in _draft_lengths(p):
+            q = _of_S(p, S)
+            panels += [(family, S, name, T) for name, T in dict.fromkeys(zip(q["set"], q["temperature"]))]
     return panels
 
 
 def plot_e2e(df: pd.DataFrame, out: Path) -> None:
-    """tokens/s (top) and async speedup over sync + hit rate (bottom) vs batch, one column per (pair, set, T)."""
+    """tokens/s and async speedup over sync + hit rate vs batch: per (pair, draft length) two figure rows (tokens/s
+    above the speedups), a column per (set, T)."""
     d = ok_rows(df)
     d = d[d["kind"] == "e2e"] if "kind" in d.columns else d.iloc[0:0]
     if not len(d):
         raise ValueError("saguaro_e2e: no e2e rows to plot")
     panels = e2e_panels(d)
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.8 * len(panels), 7.6), squeeze=False)
-    for col, (family, name, T) in enumerate(panels):
-        p = _of(d, family)
+    groups = list(dict.fromkeys((f, S) for f, S, _, _ in panels))
+    cols = list(dict.fromkeys((name, T) for _, _, name, T in panels))
+    fig, axes = plt.subplots(2 * len(groups), len(cols), figsize=(4.8 * len(cols), 7.6 * len(groups)),
+                             squeeze=False)
+    for family, S, name, T in panels:
+        row, col = 2 * groups.index((family, S)), cols.index((name, T))
+        p = _of_S(_of(d, family), S)
         p = p[(p["set"] == name) & (p["temperature"] == T)]
-        top, low = axes[0][col], axes[1][col]
+        top, low = axes[row][col], axes[row + 1][col]
         for label in dict.fromkeys(p["line"]):
             _line(top, p[p["line"] == label], label, "tokens_per_s")
         a = p[p["drafter"] == "async_draft"]
@@ -100,11 +123,16 @@ def plot_e2e(df: pd.DataFrame, out: Path) -> None:
             low.plot(t["batch"], t["hit_rate"], color=color, ls=":", marker=".", label=f"{label}: cache hit rate")
         low.axhline(1.0, color="#999999", lw=0.8)
         pair = "" if family is None else f"{p.iloc[0]['target']} / {p.iloc[0]['draft']}: "
-        top.set_title(f"{pair}{name}, T = {T:g}\n{_fanout_note(p)}", fontsize=8)
+        draft_len = "" if S is None else f", S = {S}"
+        top.set_title(f"{pair}{name}, T = {T:g}{draft_len}\n{_fanout_note(p)}", fontsize=8)
         _batch_axis(top, "emitted tokens/s")
         _batch_axis(low, "async / sync tokens/s (solid); hit rate (dotted)")
+    for row in range(2 * len(groups)):  # a (pair, S) group without some (set, T): its panels stay empty
+        for col in range(len(cols)):
+            if not axes[row][col].has_data():
+                axes[row][col].set_axis_off()
     save(fig, out, f"SSD end to end: autoregressive, synchronous and asynchronous speculation (MEASURED)\n"
-          f"{_pair_line(d)}\n{provenance(df)}", 0.92)
+          f"{_pair_line(d)}\n{provenance(df)}", 1 - 0.08 / len(groups))
 
 
 def plot_backoff(df: pd.DataFrame, out: Path) -> None:
