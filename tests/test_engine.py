@@ -58,6 +58,35 @@ def test_prefill_without_prompt_lists_reads_the_valid_tokens_of_left_padded_rows
     assert d.seen == PROMPTS
 
 
+@pytest.mark.parametrize("drafter", ["draft_model", "async_draft", "mtp"])
+def test_prompts_shorter_than_the_prefill_width_with_an_attention_draft(drafter):
+    """Every prompt shorter than the engine's prefill width (a benchmark pads a set's prompts to ``prompt_len``):
+    the token buffer holds the padded width, and a drafter with attention layers, which sizes its KV cache for its
+    longest prompt, still holds every slot the buffer may fill (before, the reset refused the run: 292 slots
+    against a 309-token buffer on the gpu profile's HumanEval prompts); greedy output equals autoregressive."""
+    from ssmspec.bench.prompt_groups import pad_group
+    from ssmspec.drafting import make_drafter
+
+    target = build_model(load_preset("tiny-hybrid"), seed=0)
+    draft = build_model(load_preset("tiny-hybrid", pattern="M*"), seed=1)
+    if drafter == "mtp":  # the head of a hybrid target: an attention block (its KV cache is the drafter's)
+        target = build_model(load_preset("tiny-hybrid").replace(mtp_layers=1, mtp_pattern="*-"), seed=0)
+    opts = {"draft_model": dict(draft=draft, draft_len=3),
+            "async_draft": dict(draft=draft, draft_len=3, fanout=[2, 1, 1, 1], backup="draft"),
+            "mtp": dict(target=target, draft_len=3)}[drafter]
+    prompts = [[5, 17, 33, 8], [42, 7]]
+    ids, valid = pad_group(prompts, 11, target.cfg.pad_token_id, "cpu")
+    eng = Engine(target, batch=2, prefill_len=11, max_new_tokens=12, strategy="snapshot",
+                 drafter=make_drafter(drafter, **opts), spec=SpecConfig(draft_len=3))
+    got = [list(t) for t in eng.prefill(ids, valid, prompts).tokens]
+    while not all(eng.step.done.tolist()):
+        eng.launch()
+        for rep, _ in eng.collect(keep=0):
+            for b, toks in enumerate(rep.tokens):
+                got[b].extend(toks)
+    assert got == generate(target, prompts, max_new_tokens=12, strategy="autoregressive").sequences
+
+
 def test_eos_stops_a_sequence_inside_a_window_and_finished_rows_emit_nothing():
     model = build_model(load_preset("tiny-mamba2"), seed=1, dtype=torch.float64)
     ref = generate(model, PROMPTS, max_new_tokens=12).sequences

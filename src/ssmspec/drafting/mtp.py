@@ -112,7 +112,11 @@ class MTPDrafter(DrafterBase):
     def observe_prompt(self, ids: Tensor, valid: Tensor, hidden: Tensor) -> None:
         """The target's prefill: left-padded prompts ids, valid (B, T) and their final hidden states (B, T, d).
         Entries 0 .. n - 2 of every prompt (next token in the prompt) are prefilled into the cache; the last
-        one's hidden state waits for the first emitted token (the next absorb)."""
+        one's hidden state waits for the first emitted token (the next absorb). Columns that pad every row are
+        dropped first: the KV scratch is sized at reset for the longest prompt, not the engine's prefill width."""
+        common = int((~valid).sum(1).min())
+        if common:
+            ids, valid, hidden = ids[:, common:], valid[:, common:], hidden[:, common:]
         B, T = valid.shape
         dev = valid.device
         n, pads = valid.sum(1), (~valid).sum(1)

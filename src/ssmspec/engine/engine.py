@@ -121,8 +121,11 @@ class Engine:
         if self.drafter is not None:
             if prompts is None:  # the valid tokens of each row, wherever the padding is
                 prompts = [[t for t, v in zip(row, keep) if v] for row, keep in zip(ids.tolist(), valid.tolist())]
+            # the token buffer is sized for the padded width; a drafter sizes its KV cache for its longest prompt,
+            # so the padding every prompt is short of the width joins its budget of new tokens
+            pad = ids.shape[1] - max((len(p) for p in prompts), default=ids.shape[1])
             self.drafter.reset(prompts, batch=ids.shape[0], device=ids.device,
-                               max_new_tokens=self.step.max_new_tokens)
+                               max_new_tokens=self.step.max_new_tokens + pad)
             if self.step.keep_hidden:  # the drafter reads the prompt's hidden states (the mtp drafter)
                 self.drafter.observe_prompt(ids, valid, self.step.prompt_hidden)
                 self.step.prompt_hidden = None
