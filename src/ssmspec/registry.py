@@ -63,6 +63,9 @@ class Experiment:
     # what the models' weights are when no checkpoint= is given (env.json, rows, logs): "random" (seeded random
     # weights of the presets) or what the bench builds itself, e.g. "trained" (python -m ssmspec train)
     weights: str = "random"
+    # GPUs the gpu profile runs on at once (``reproduce`` gives it that many slots of its queue, or every GPU of a
+    # machine with fewer): saguaro_e2e's draft on a GPU of its own needs 2
+    gpus: int = 1
 
     @property
     def gpu_label(self) -> str:
@@ -135,10 +138,14 @@ def _read(path: Path, root: Path | None = None) -> Experiment:
     if weights not in ("random", "trained"):
         raise ValueError(f"{path}: experiment.weights is random (seeded presets) or trained (the bench trains its "
                          f"models: python -m ssmspec train), got {weights!r}")
+    gpus = block.get("gpus", 1)
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"{path}: experiment.gpus is the number of GPUs the gpu profile runs on at once (>= 1), "
+                         f"got {gpus!r}")
     return Experiment(id=block["id"], title=str(block["title"]), bench=block["bench"], plot=block["plot"],
                       profiles=profiles, needs_gpu=bool(gpu), interpreter_ok=gpu == "triton", reads=reads,
                       decided_by=_decided_by(path, block, root), bench_schema=_bench_schema(path, data, block), path=path,
-                      weights=weights)
+                      weights=weights, gpus=gpus)
 
 
 # decided_by ----------------------------------------------------------------------------------------

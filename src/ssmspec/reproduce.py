@@ -10,7 +10,8 @@ Where it writes:
   ``results/<id>/<profile>/`` (``run experiment=<id> --save-reference``) and ``results/figures/``.
 
 The experiments run as a queue over slots (ssmspec/../hydra_plugins/ssmspec_launcher/gpu_queue.py), one
-child process each: one slot per GPU on the gpu profile, one on cpu (``--jobs N`` for more). ``[k/n] <id>``
+child process each: one slot per GPU on the gpu profile, one on cpu (``--jobs N`` for more); an experiment
+with ``gpus: k`` takes k GPU slots at once (``Job.slots``). ``[k/n] <id>``
 lines show the progress, with each experiment's wall time as it ends.
 
 Before it starts, staging folders that killed runs left under results/ and runs/ are removed
@@ -115,7 +116,8 @@ def run_experiments(exps, plan: Plan, queue_slots: list[tuple[str, ...]]) -> lis
     jobs = [Job(name=e.id, argv=(sys.executable, "-m", "ssmspec", "run", f"experiment={e.id}",
                                  f"profile={plan.profile}",
                                  *(target if plan.save_reference else (f"results_dir={plan.run_dir(e.id)}",))),
-                log=plan.base / f"{e.id}.log" if len(queue_slots) > 1 else None, env=env)
+                log=plan.base / f"{e.id}.log" if len(queue_slots) > 1 else None, env=env,
+                slots=e.gpus if plan.profile == "gpu" else 1)
             for e in exps]
     titles = {e.id: e.title for e in exps}
     order = {e.id: k for k, e in enumerate(exps, 1)}

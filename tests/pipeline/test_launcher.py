@@ -83,6 +83,24 @@ def test_queue_runs_one_job_per_slot_at_once_and_keeps_going(tmp_path):
     assert wall < sum(o.wall_s for o in outcomes)
 
 
+def test_a_job_of_several_slots_gets_them_together(tmp_path):
+    """A job that needs two GPUs (an experiment's ``gpus: 2``: saguaro_e2e's draft on a GPU of its own) gets two
+    slots at once and sees both; the next job of two waits until two are free; a job asking more slots than the
+    queue has runs on all of them; a CPU queue gives every job one slot."""
+    def job(i: int, slots: int, sleep: str = "0.4") -> Job:
+        return Job(name=f"j{i}", argv=(sys.executable, "-c", PROBE, str(tmp_path / f"{i}.json"), sleep, "0"),
+                   slots=slots)
+
+    outcomes = run_queue([job(0, 2), job(1, 1), job(2, 2, "0.1"), job(3, 5, "0.1")], [("g0",), ("g1",), ("g2",)])
+    assert all(o.ok for o in outcomes)
+    seen = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(4)]
+    assert seen[0][0] == "g0,g1" and seen[1][0] == "g2" and outcomes[0].devices == ("g0", "g1")
+    assert len(seen[2][0].split(",")) == 2 and seen[2][1] >= max(seen[0][2], seen[1][2])  # waited for two
+    assert len(seen[3][0].split(",")) == 3 and seen[3][1] >= max(s[2] for s in seen[:3])  # every slot, alone
+    cpu = run_queue([Job(name="c", argv=(sys.executable, "-c", "print('fine')"), slots=2)], [(), ()])
+    assert cpu[0].ok and cpu[0].devices == ()
+
+
 def test_gpu_queue_sweep_spreads_jobs_over_fake_gpus(cli, tmp_path, fake_gpus):
     fake_gpus("fake0", "fake1", "fake2")
     out = tmp_path / "sweep"

@@ -361,3 +361,32 @@ def test_experiment_weights_is_random_or_trained(tmp_path):
     path.write_text(block + "  weights: pretrained\n")
     with pytest.raises(ValueError, match=r"experiment.weights is random \(seeded presets\) or trained .*got 'pretrained'"):
         registry.read_experiment(path, root=tmp_path)
+
+
+def test_experiment_gpus_is_a_count_and_reproduce_pins_that_many(tmp_path, monkeypatch):
+    """``experiment.gpus``: how many GPUs the gpu profile's run sees at once (default 1; saguaro_e2e 2, its draft
+    on a GPU of its own); reproduce's queue job asks that many slots on the gpu profile and one on cpu."""
+    from ssmspec import reproduce
+
+    path = tmp_path / "demo.yaml"
+    block = "experiment:\n  id: demo\n  title: t\n  bench: m:f\n  plot: m:g\n  profiles: [cpu, gpu]\n"
+    path.write_text(block)
+    assert registry.read_experiment(path, root=tmp_path).gpus == 1
+    for bad in ("0", "two", "true"):
+        path.write_text(block + f"  gpus: {bad}\n")
+        with pytest.raises(ValueError, match=r"experiment.gpus is the number of GPUs .*\(>= 1\)"):
+            registry.read_experiment(path, root=tmp_path)
+    path.write_text(block + "  gpus: 2\n")
+    demo = registry.read_experiment(path, root=tmp_path)
+    assert demo.gpus == 2 and registry.get_experiment("saguaro_e2e").gpus == 2
+    seen = {}
+
+    def fake_queue(jobs, slots, **kw):
+        seen.update({j.name: j.slots for j in jobs})
+        return []
+
+    monkeypatch.setattr("hydra_plugins.ssmspec_launcher.gpu_queue.run_queue", fake_queue)
+    for profile, want in (("gpu", 2), ("cpu", 1)):
+        plan = reproduce.Plan(profile, False, tmp_path, tmp_path / "results", tmp_path / "figures")
+        reproduce.run_experiments([demo], plan, [("0",), ("1",)] if profile == "gpu" else [()])
+        assert seen == {"demo": want}

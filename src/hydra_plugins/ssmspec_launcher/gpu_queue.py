@@ -38,6 +38,8 @@ class Job:
     argv: tuple[str, ...]  # the child's command line
     log: Path | None = None  # stdout + stderr go here; None: the parent's terminal
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # added to the parent's environment
+    slots: int = 1  # slots the job takes at once (an experiment that runs on several GPUs: experiment.gpus);
+    #                 capped at the queue's slot count, so a machine with fewer GPUs runs it on all it has
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,13 +121,19 @@ def run_queue(jobs: Sequence[Job], slots: Sequence[tuple[str, ...]], *,
         raise ValueError("no slot to run jobs on")
     pending = list(enumerate(jobs))
     free = list(slots)
+    taken: dict[int, list[tuple[str, ...]]] = {}  # running job -> the slots it holds
     running: dict[int, tuple[subprocess.Popen, tuple[str, ...], float, float]] = {}
     outcomes: dict[int, Outcome] = {}
+
+    def need(job: Job) -> int:  # a CPU queue gives every job one slot; jobs start in order (the first waits)
+        return 1 if not slots[0] else max(1, min(job.slots, len(slots)))
+
     try:
         while pending or running:
-            while pending and free:
+            while pending and len(free) >= need(pending[0][1]):
                 i, job = pending.pop(0)
-                devices = free.pop(0)
+                taken[i], free = free[:need(job)], free[need(job):]
+                devices = tuple(d for slot in taken[i] for d in slot)
                 if on_start:
                     on_start(job, devices)
                 with interrupt.deferred():  # a child started is a child recorded, so a signal can stop it
@@ -135,7 +143,7 @@ def run_queue(jobs: Sequence[Job], slots: Sequence[tuple[str, ...]], *,
                     continue
                 with interrupt.deferred():  # a finished child is reported as finished, never as stopped
                     del running[i]
-                    free.append(devices)
+                    free.extend(taken.pop(i))
                     out = Outcome(jobs[i], devices, proc.returncode, started, time.perf_counter() - t0)
                     outcomes[i] = out
                     if on_end:
