@@ -19,6 +19,17 @@ TREE = [0, 0, 1, 1, 2, 3, 5, 0]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
+def _decode(eng, ids, valid, prompts) -> list[list[int]]:
+    """Prefill, then launch and collect steps until every sequence is done: the tokens each one emitted."""
+    got = [list(t) for t in eng.prefill(ids, valid, prompts).tokens]
+    while not all(eng.step.done.tolist()):
+        eng.launch()
+        for rep, _ in eng.collect(keep=0):
+            for b, toks in enumerate(rep.tokens):
+                got[b].extend(toks)
+    return got
+
+
 def test_token_buffer_holds_prompts_then_outputs_and_reports_match():
     model = build_model(load_preset("tiny-hybrid"), seed=0)
     out = generate(model, PROMPTS, max_new_tokens=6, drafter=PromptNgram(ngram=2, num_drafts=1, draft_len=3),
@@ -28,12 +39,7 @@ def test_token_buffer_holds_prompts_then_outputs_and_reports_match():
     from ssmspec.engine.generate import _pad_left
 
     ids, valid = _pad_left(PROMPTS, 0, "cpu")
-    got = [list(t) for t in eng.prefill(ids, valid, PROMPTS).tokens]
-    while not all(eng.step.done.tolist()):
-        eng.launch()
-        for rep, _ in eng.collect(keep=0):
-            for b, toks in enumerate(rep.tokens):
-                got[b].extend(toks)
+    got = _decode(eng, ids, valid, PROMPTS)
     buf = eng.step.buf
     rows = [r[:n] for r, n in zip(buf.tokens.tolist(), buf.length.tolist())]
     assert rows == [p + s for p, s in zip(PROMPTS, out.sequences)]
@@ -78,12 +84,7 @@ def test_prompts_shorter_than_the_prefill_width_with_an_attention_draft(drafter)
     ids, valid = pad_group(prompts, 11, target.cfg.pad_token_id, "cpu")
     eng = Engine(target, batch=2, prefill_len=11, max_new_tokens=12, strategy="snapshot",
                  drafter=make_drafter(drafter, **opts), spec=SpecConfig(draft_len=3))
-    got = [list(t) for t in eng.prefill(ids, valid, prompts).tokens]
-    while not all(eng.step.done.tolist()):
-        eng.launch()
-        for rep, _ in eng.collect(keep=0):
-            for b, toks in enumerate(rep.tokens):
-                got[b].extend(toks)
+    got = _decode(eng, ids, valid, prompts)
     assert got == generate(target, prompts, max_new_tokens=12, strategy="autoregressive").sequences
 
 
