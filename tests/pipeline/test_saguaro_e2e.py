@@ -117,13 +117,14 @@ def test_backoff_picks_a_measured_line_and_marks_the_flip(cli, tmp_path, train_c
     (E2E, "bench.budget=0", "cannot hold one cache branch"),
     (E2E, "bench.draft_devices=[gpu1]", "neither 'same' nor a GPU such as cuda:1"),
     (E2E, "bench.S=[2,2]", "a list of distinct ones"),
-    (E2E, "bench.S=[0]", "a draft length >= 1"),
+    (E2E, "bench.S=[0]", "a draft length >= 1 or a list of distinct ones, got [0]; e.g. bench.S=[4] or"),
+    (FIG6, "bench.S=0", "got [0]; e.g. bench.S=4"),
     (FIG6, "bench.batch=[]", "bench.batch needs a non-empty list"),
     (FIG6, "bench.S=[2,4]", "bench.S must be an int like 4"),
     (FIG6, "bench.fanout=[0,0,0,0,0]", "cannot hold one cache branch"),
     (FIG6, "bench.fanout=[1,1]", "one count per accepted length"),
-], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "e2e-draft-device", "e2e-S-twice", "e2e-S-zero", "fig6-batch",
-         "fig6-S-list", "fig6-fanout", "fig6-fanout-length"])
+], ids=["e2e-batch", "e2e-fanout", "e2e-budget", "e2e-draft-device", "e2e-S-twice", "e2e-S-zero", "fig6-S-zero",
+         "fig6-batch", "fig6-S-list", "fig6-fanout", "fig6-fanout-length"])
 def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
     status, _, err = cli("run", *argv, extra, f"results_dir={tmp_path / 'run'}")
     assert status == 2 and message in err, err
@@ -142,8 +143,11 @@ def test_the_e2e_figure_has_a_column_per_pair(tmp_path):
     one = pd.read_json(paths.ROOT / "results" / "saguaro_e2e" / "cpu" / "results.jsonl", lines=True)
     two = pd.concat([one, one.assign(family="nemotron_h", target="nemotron_h-target", draft="nemotron_h-draft")])
     sets = list(dict.fromkeys(zip(one["set"], one["temperature"])))
-    assert e2e_panels(one[one["status"] == "ok"]) == [("mamba2", None, *p) for p in sets]
-    assert e2e_panels(two[two["status"] == "ok"]) == [(f, None, *p) for f in ("mamba2", "nemotron_h") for p in sets]
+    S = int(one["sweep_S"].iloc[0])  # the cpu reference's one draft length
+    assert e2e_panels(one[one["status"] == "ok"]) == [("mamba2", S, *p) for p in sets]
+    assert e2e_panels(two[two["status"] == "ok"]) == [(f, S, *p) for f in ("mamba2", "nemotron_h") for p in sets]
+    old = one.drop(columns="sweep_S")  # rows from before the draft-length sweep: one group, no S in the panels
+    assert e2e_panels(old[old["status"] == "ok"]) == [("mamba2", None, *p) for p in sets]
     assert "trained pairs" in _pair_line(two) and "nemotron_h-target / nemotron_h-draft" in _pair_line(two)
     plot_e2e(two, tmp_path / "e2e.png")
     assert (tmp_path / "e2e.png").stat().st_size > 0

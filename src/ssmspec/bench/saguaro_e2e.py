@@ -140,8 +140,9 @@ def draft_lengths(b: DictConfig, what: str = "saguaro_e2e") -> list[int]:
     except (TypeError, ValueError):
         Ss = []
     if not Ss or min(Ss) < 1 or len(set(Ss)) != len(Ss):
+        eg = "bench.S=[4] or bench.S=[4,8]" if OmegaConf.is_list(b.S) else "bench.S=4"  # the type the file declares
         raise ValueError(f"{what}: bench.S (drafts per round) is a draft length >= 1 or a list of distinct ones, "
-                         f"got {raw}; e.g. bench.S=4 or bench.S=[4,8]")
+                         f"got {raw}; e.g. {eg}")
     return Ss
 
 
