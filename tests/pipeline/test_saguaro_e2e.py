@@ -132,6 +132,21 @@ def test_bad_input_is_one_error_line(cli, tmp_path, argv, extra, message):
     assert not (tmp_path / "run").exists()
 
 
+def test_backoff_refuses_a_list_of_draft_lengths_before_training():
+    """fig6 declares one draft length (the CLI refuses a list by type); a bench config that holds a list anyway
+    (a yaml edited to sweep) gets one error naming saguaro_e2e, before any pair trains."""
+    from omegaconf import OmegaConf
+
+    from ssmspec import paths
+    from ssmspec.bench.saguaro_backoff import run_backoff
+
+    bench = OmegaConf.load(paths.CONF_DIR / "experiment" / "saguaro_fig6_backoff.yaml").bench
+    bench.S = [2, 4]
+    with pytest.raises(ValueError, match=r"bench.S takes one draft length here, got \[2, 4\]; e.g. bench.S=2 "
+                                         r"\(saguaro_e2e sweeps a list\)"):
+        next(run_backoff(OmegaConf.create({"bench": bench, "device": "cpu"})))
+
+
 def test_the_e2e_figure_has_a_column_per_pair(tmp_path):
     """Two trained pairs (the gpu profile runs the Mamba-2 and the Nemotron-H pair): one column per pair, set and
     temperature, each titled with its pair; the committed cpu reference stands in for the rows."""
