@@ -136,8 +136,8 @@ PASS, FAIL = 1e-3, 1e-6  # an exact sampler's p-value stays above PASS; the muta
 class _UnscaledQ(AsyncDraft):
     """Mutant: drafts drawn from the lambda-scaled distribution, but verified with the unscaled one."""
 
-    def _draw(self, logits, gen):
-        tok, q = super()._draw(logits, gen)
+    def _draw(self, logits, gen, noise=None):
+        tok, q = super()._draw(logits, gen, noise)
         return tok, torch.softmax(logits / self.sampling.temperature, -1)
 
 
@@ -231,12 +231,13 @@ def _sampled_engine(target, draft, sampling):
 
 
 def _hand_loop(target, draft, sampling, steps: int) -> list[list[int]]:
-    """The documented order without the engine's driver: lookup -> backup (only if a row missed) -> speculate ->
-    target step."""
+    """The documented order without the engine's driver: lookup -> the backup's random numbers (every round) ->
+    backup (only if a row missed) -> speculate -> target step."""
     d, eng = _sampled_engine(target, draft, sampling)
     s = eng.step
     for _ in range(steps):
         s.set_drafts(d.lookup(s.buf))
+        d.backup_noise()
         if d.missed():
             d.backup_drafts(s.buf)
         d.speculate()
@@ -292,6 +293,57 @@ def test_captured_two_streams_equal_eager_on_cuda(temperature, preset):
                        cuda_graph=graphed)
         runs.append((out.sequences, d.hit_counts()))
     assert runs[0] == runs[1]
+
+
+def _cuda_pair(preset: str, *, noise: float, vocab: int | None = None):
+    """``_pair`` on the GPU in float32."""
+    cfg = load_preset(preset)
+    if vocab is not None:
+        cfg = dataclasses.replace(cfg, vocab_size=vocab)
+    target = build_model(cfg, seed=0, device="cuda", dtype=torch.float32)
+    draft = build_model(cfg, seed=0, device="cuda", dtype=torch.float32)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.mul_(1 + noise * torch.randn(p.shape, generator=gen, device="cuda", dtype=p.dtype))
+    return target, draft
+
+
+def _host_must_not_decide():
+    raise AssertionError("a captured round asked the host whether a row missed (a sync); the device decides")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backup", ["draft", "ngram", "random"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_captured_rounds_decide_the_backup_on_the_device(backup, temperature):
+    """Under CUDA graphs the backup sits in a conditional graph node: once captured the host never reads the miss
+    flag, and the tokens, the cache counters and the number of rounds whose backup ran equal an eager run's (the
+    backup's random numbers are drawn every round in both), with rounds that skipped the backup among them."""
+    vocab = None if temperature == 0.0 else V_SMALL
+    target, draft = _cuda_pair("tiny-mamba2", noise=0.05 if vocab is None else 0.3, vocab=vocab)
+    prompts = PROMPTS if vocab is None else [[t % vocab for t in p] for p in PROMPTS]
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+    steps, runs = 12, []
+    for graphed in (False, True):
+        d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup,
+                         temperature=temperature, residual_scale=0.5 if temperature else 1.0)
+        eng = Engine(target, batch=len(prompts), prefill_len=6, max_new_tokens=3 * NEW, strategy="snapshot",
+                     drafter=d, sampling=sampling, cuda_graph=graphed)
+        ids, valid = _pad_left(prompts, 0, "cuda")
+        eng.prefill(ids, valid, prompts)
+        for i in range(steps):
+            eng.launch()
+            if graphed and i == 0:  # the first launch ran eagerly and captured the graphs
+                d.missed = _host_must_not_decide
+            eng.collect(keep=1)
+        eng.collect(keep=0)
+        runs.append((eng.step.buf.to_lists(), d.hit_counts(), eng.speculation.backups))
+    assert runs[0] == runs[1]
+    rounds, hits = runs[1][1]
+    backups = runs[1][2]
+    assert 0 < sum(hits) < rounds * len(prompts) and 1 <= backups < steps, (rounds, hits, backups)
 
 
 # the draft on its own device ---------------------------------------------------------------------------------
@@ -358,8 +410,13 @@ def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature, preset):
     for device in (None, "cuda:1"):
         draft = build_model(cfg, seed=1, device=device or "cuda:0", dtype=torch.float32)
         d = make_drafter("async_draft", draft=draft, draft_device=device, **opts)
+        asked, missed = [], d.missed
+        d.missed = lambda: asked.append(1) or missed()
         out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling)
         runs.append((out.sequences, d.hit_counts()))
+        # the eager first round only (a remote draft backup reads the flag its device received): captured rounds
+        # decide on the device
+        assert len(asked) == (1 if device is None or backup == "ngram" else 0)
     assert runs[0] == runs[1]
     if temperature == 0.0:
         assert runs[0][0] == generate(target, PROMPTS, max_new_tokens=40, strategy="autoregressive").sequences
