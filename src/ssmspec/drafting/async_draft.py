@@ -4,8 +4,9 @@ While the target verifies round i's chain d_1 .. d_S, the draft model prepares r
 verdicts (k accepted drafts, bonus b) at once; when the verdict arrives one device-side lookup either finds the
 next drafts ready (a hit) or falls back to a backup predictor (a miss). One round, in the engine's order:
 
-    lookup(buf)           (main stream, on the critical path) ``saguaro.cache_lookup`` of the last verdict against
-                          the cache keys; hit rows take their branch's S tokens (and q)
+    lookup(buf)           (main stream, on the critical path) ``saguaro.cache_lookup``'s match of the last verdict
+                          against the cache keys, one launch (``ops/cache_lookup``); hit rows take their branch's S
+                          tokens (and q)
     backup_noise()        (every round) the backup's random numbers, drawn before anyone knows whether it runs
     backup_drafts(buf)    (main stream, only when a row missed: under CUDA graphs a conditional node on the device flag
                           ``miss_any`` that the lookup writes, eagerly the host's ``missed()``) miss rows take the
@@ -82,7 +83,8 @@ from ssmspec.drafting.draft_model import draw
 from ssmspec.drafting.model_drafter import ModelDrafterBase
 from ssmspec.drafting.png import ngram_drafts_device
 from ssmspec.drafting.registry import DrafterBase, register_drafter
-from ssmspec.drafting.saguaro import bonus_candidates, branch_depths, cache_lookup, check_fanout, rescale_top
+from ssmspec.ops.cache_lookup import cache_lookup_step
+from ssmspec.drafting.saguaro import bonus_candidates, branch_depths, check_fanout, rescale_top
 from ssmspec.strategies import StepInputs
 from ssmspec.strategies.base import SpecConfig
 from ssmspec.verify.distributions import SamplingConfig, target_probs
@@ -162,6 +164,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.depths = branch_depths(self.fanout, device=dev)  # (N,) accepted length of each branch
         self.have_cache = torch.zeros(1, dtype=torch.bool, device=dev)  # False until the first speculate
         self.hit = torch.zeros(B, dtype=torch.bool, device=dev)  # this round's hits
+        self.branch = torch.zeros(B, **long)  # this round's branch per row (0 where it missed)
         self.miss_any = torch.zeros((), dtype=torch.bool, device=dev)  # some row missed: the backup runs (a flag)
         # the backup's random numbers, drawn every round (module doc): the draft backup's exponentials, its tokens
         bdev = dd if self.backup == "draft" else dev
@@ -259,22 +262,18 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         """The cache lookup of the last verdict: hit rows take their branch's drafts (and q); miss rows keep
         stale ones until ``backup_drafts`` fills them. Returns the round's ``DraftTree`` over static tensors."""
         self.engine.check_buffer(buf)
-        B = self.engine.batch
-        if self._fresh:  # first round: no verdict, no cache
+        if self._fresh:  # first round: no verdict, no cache: every row misses
             self.bonus.copy_(buf.pending())
+            self.hit.zero_()
+            self.miss_any.fill_(True)
             self._fresh = False
-        else:
-            self.bonus.copy_(self.v_bonus)
-            self.src.copy_(self.chain_t.gather(1, self.v_acc[:, None])[:, 0])
-        hit, branch = cache_lookup(self.cache[:, :, 0], self.depths, self.v_acc, self.bonus)
-        self.hit.copy_(hit & self.have_cache)
-        torch.logical_not(self.hit.all(), out=self.miss_any)
-        self.rounds.add_(self.have_cache.long()[0])
-        self.hits.add_(self.hit.long())
-        rows = torch.arange(B, device=branch.device)
-        self.drafts.copy_(torch.where(self.hit[:, None], self.cache[rows, branch, 1:], self.drafts))
+            return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
+        cache_lookup_step(self.v_acc, self.v_bonus, self.chain_t, self.cache, self.depths, self.have_cache,
+                          bonus=self.bonus, src=self.src, hit=self.hit, branch=self.branch, drafts=self.drafts,
+                          miss_any=self.miss_any, rounds=self.rounds, hits=self.hits)
         if self.q is not None:
-            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, branch], self.q))
+            rows = torch.arange(self.engine.batch, device=self.branch.device)
+            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, self.branch], self.q))
         return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
 
     @torch.no_grad()
