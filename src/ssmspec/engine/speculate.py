@@ -16,6 +16,11 @@ One launch, in order:
                            stream that waits for this round's drafts only; the main stream then waits for the side
                            stream (the next lookup reads the cache)
 
+Where torch has no conditional nodes (``conditional_nodes()``: before torch 2.12) the host decides instead: it
+reads ``missed()`` after the draft graph (a sync: the host cannot queue the next step while the device runs this
+one, so every step pays its graph launches on the critical path) and replays the backup graph only when a row
+missed, as seed 002's engine decides (its cache hits are read on the host).
+
 The draft on its own device (the drafter's ``remote``: ``draft_device``, e.g. a second GPU). The side stream lives
 on the draft's device and the drafter's transfers (``send``, ``fetch_cache``, ``fetch_backup``) are placed so that
 no stream waits for more than it reads. With an ``ngram`` or ``random`` backup (on the target's GPU) the draft graph
@@ -27,7 +32,9 @@ is the one above; ``send`` then runs after it, beside the target. With the ``dra
     backup_noise, if a row missed: backup    the draft GPU's side stream, one graph with a conditional node
     fetch_backup, merge_backup               the backup's drafts back into a receive stream of the target GPU; main
                                              waits for it and merges them into its miss rows (every round: the
-                                             round trip replaces the host's decision)
+                                             round trip replaces the host's decision; where the host decides, the
+                                             draws' graph runs every round and the round trip only in a round
+                                             where a row missed, ``send`` beside the target otherwise)
     target || speculate, fetch_cache         the target's graph on main; speculate on the side stream (after the
                                              backup, which merged its tokens into the draft GPU's drafts), the
                                              cache back into the receive stream; main waits for it after its graph
@@ -48,13 +55,16 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 
+def conditional_nodes() -> bool:
+    """Whether this torch captures conditional CUDA graph nodes (``CUDAGraph.begin_capture_to_if_node``: torch
+    2.12 and later, built with CUDA 12.4 or later)."""
+    return hasattr(torch.cuda.CUDAGraph, "begin_capture_to_if_node")
+
+
 @contextmanager
 def _if(graph: torch.cuda.CUDAGraph, pred: torch.Tensor):
     """Capture the body of the ``with`` block into a conditional node of ``graph`` that runs only when the bool
     scalar ``pred`` (on the capturing device) holds at replay."""
-    if not hasattr(graph, "begin_capture_to_if_node"):
-        raise RuntimeError("this torch cannot capture a conditional CUDA graph node (CUDAGraph.begin_capture_to_if_node "
-                           "needs torch >= 2.6 built with CUDA >= 12.4)")
     graph.begin_capture_to_if_node(pred)
     try:
         yield
@@ -74,10 +84,14 @@ class Speculation:
         self.recv = torch.cuda.Stream(self.device) if cuda and self.remote else None
         self.send_s = torch.cuda.Stream(self.device) if cuda and self.remote else None
         self.draft_dev = torch.device(draft_dev)
-        self.backup_graph: torch.cuda.CUDAGraph | None = None  # remote draft backup: the draft GPU's conditional
+        # captured rounds: the device decides whether the backup runs (a conditional node) where torch can
+        self.on_device = cuda and conditional_nodes()
+        self.backup_graph: torch.cuda.CUDAGraph | None = None  # the backup (the draft GPU's, for a remote draft)
+        self.noise_graph: torch.cuda.CUDAGraph | None = None  # host decides, remote draft backup: its draws
         self.merge_graph: torch.cuda.CUDAGraph | None = None  # remote draft backup: the merge on the target GPU
         self.spec_graph: torch.cuda.CUDAGraph | None = None
         self._count: torch.Tensor | None = None  # rounds whose backup ran, on the backup's device
+        self._sent = False  # this round's drafts went to the draft's device with the backup's round trip
 
     @property
     def backups(self) -> int:
@@ -100,6 +114,7 @@ class Speculation:
     def draft(self, step) -> None:
         """Eager drafting: lookup, then the backup when a row missed (the host decides; module doc)."""
         d = self.drafter
+        self._sent = False
         step.set_drafts(d.lookup(step.buf))
         if self._remote_backup():
             self._round_trip(None)
@@ -110,20 +125,36 @@ class Speculation:
             self._counter().add_(1)
 
     def replay_draft(self, draft_graph: torch.cuda.CUDAGraph) -> None:
-        """Captured drafting: the draft graph (its conditional node runs the backup where a row missed) and, for the
-        draft backup on its own device, the round trip there."""
+        """Captured drafting: the draft graph (with ``on_device`` its conditional node runs the backup where a row
+        missed; else the host reads the flag and replays the backup graph) and, for the draft backup on its own
+        device, the round trip there (module doc)."""
+        self._sent = False
         draft_graph.replay()
+        if self.on_device:
+            if self._remote_backup():
+                self._round_trip(self.backup_graph)
+            return
+        if self._remote_backup():
+            with self._on(self.side):
+                self.noise_graph.replay()  # every round: the draws an eager run makes
+        if not self.drafter.missed():  # the host reads the flag: a sync
+            return
         if self._remote_backup():
             self._round_trip(self.backup_graph)
+        else:
+            self.backup_graph.replay()
 
     def _round_trip(self, graph) -> None:
-        """The draft backup on the draft's device: send, (conditional) backup, fetch, merge (module doc)."""
+        """The draft backup on the draft's device: send, backup, fetch, merge (module doc). ``graph``: the draft
+        device's backup graph (with ``on_device`` its noise and conditional node; else the backup alone, in a
+        round where the host saw a miss); None: eagerly, the host decides."""
         d = self.drafter
         main = torch.cuda.current_stream(self.device) if self.cuda else None
         with self._on(self.side), self._on(self.send_s):
             if main is not None:
                 self.send_s.wait_stream(main)  # this round's lookup
             d.send()
+        self._sent = True
         with self._on(self.side):
             if graph is not None:
                 graph.replay()
@@ -140,8 +171,9 @@ class Speculation:
 
     # capture ----------------------------------------------------------------------------------------------
     def capture(self, step, register) -> torch.cuda.CUDAGraph:
-        """Capture the draft graph (returned: lookup, backup noise and, unless the backup runs on the draft's
-        device, the conditional backup), the draft device's backup and the merge (a remote draft backup) and the
+        """Capture the draft graph (returned: the lookup and, unless the backup runs on the draft's device, the
+        backup's draws and, with ``on_device``, the conditional backup), the backup graph (the draft device's for
+        a remote draft backup), its draws' graph and the merge (a remote draft backup whose host decides) and the
         speculate graph, each on the device whose tensors it touches."""
         d = self.drafter
         count = self._counter()
@@ -155,15 +187,31 @@ class Speculation:
             step.set_drafts(d.lookup(step.buf))
             if local:
                 d.backup_noise()
-                with _if(draft_graph, d.miss_any):
-                    d.backup_drafts(step.buf)
-                    count.add_(1)
-        if not local:
+                if self.on_device:
+                    with _if(draft_graph, d.miss_any):
+                        d.backup_drafts(step.buf)
+                        count.add_(1)
+        if local and not self.on_device:
             self.backup_graph = torch.cuda.CUDAGraph()
-            register(self.backup_graph, d.generators())
+            with torch.cuda.graph(self.backup_graph):
+                d.backup_drafts(step.buf)
+                count.add_(1)
+        if not local:
+            if not self.on_device:
+                self.noise_graph = torch.cuda.CUDAGraph()
+                register(self.noise_graph, d.generators())
+                with self._capturing(self.noise_graph, self.draft_dev), torch.cuda.device(self.draft_dev):
+                    d.backup_noise()
+            self.backup_graph = torch.cuda.CUDAGraph()
+            if self.on_device:
+                register(self.backup_graph, d.generators())
             with self._capturing(self.backup_graph, self.draft_dev), torch.cuda.device(self.draft_dev):
-                d.backup_noise()
-                with _if(self.backup_graph, d.remote_miss_flag()):
+                if self.on_device:
+                    d.backup_noise()
+                    with _if(self.backup_graph, d.remote_miss_flag()):
+                        d.backup_draft()
+                        count.add_(1)
+                else:
                     d.backup_draft()
                     count.add_(1)
             self.merge_graph = torch.cuda.CUDAGraph()
@@ -190,7 +238,7 @@ class Speculation:
         """Run ``target()`` (the target's step) while the drafter speculates: on a side stream (of the draft's
         device when remote) under CUDA graphs; eagerly on one device speculate first (the same results)."""
         d = self.drafter
-        sends = self.remote and not self._remote_backup()  # a draft backup's round trip sent this round's drafts
+        sends = self.remote and not self._sent  # a draft backup's round trip sent this round's drafts already
         if self.side is None or (self.spec_graph is None and not self.remote):  # CPU, or eager: in order
             if sends:
                 d.send()
