@@ -134,7 +134,7 @@ class Speculation:
             if self._remote_backup():
                 self._round_trip(self.backup_graph)
             return
-        if self._remote_backup():
+        if self.noise_graph is not None:
             with self._on(self.side):
                 self.noise_graph.replay()  # every round: the draws an eager run makes
         if not self.drafter.missed():  # the host reads the flag: a sync
@@ -197,7 +197,7 @@ class Speculation:
                 d.backup_drafts(step.buf)
                 count.add_(1)
         if not local:
-            if not self.on_device:
+            if not self.on_device and d.generators():  # a greedy draft backup draws nothing
                 self.noise_graph = torch.cuda.CUDAGraph()
                 register(self.noise_graph, d.generators())
                 with self._capturing(self.noise_graph, self.draft_dev), torch.cuda.device(self.draft_dev):
