@@ -5,12 +5,10 @@ verdicts (k accepted drafts, bonus b) at once; when the verdict arrives one devi
 next drafts ready (a hit) or falls back to a backup predictor (a miss). One round, in the engine's order:
 
     lookup(buf)           (main stream, on the critical path) ``saguaro.cache_lookup``'s match of the last verdict
-                          against the cache keys, one launch (``ops/cache_lookup``); hit rows take their branch's S
-                          tokens (and q)
-    backup_noise()        (every round) the backup's random numbers, drawn before anyone knows whether it runs
-    backup_drafts(buf)    (main stream, only when a row missed: under CUDA graphs a conditional node on the device flag
-                          ``miss_any`` that the lookup writes, eagerly the host's ``missed()``) miss rows take the
-                          backup's drafts: ``draft`` (the draft model drafts synchronously from its state
+                          against the cache keys, in one launch (``ops/cache_lookup``); hit rows take their branch's S
+                          tokens (and q); it also writes the flag ``miss_any`` that ``missed()`` reads
+    backup_drafts(buf)    (main stream, only when a row missed: the engine asks ``missed()`` on the host) miss rows
+                          take the backup's drafts: ``draft`` (the draft model drafts synchronously from its state
                           after d_k: feed b, then S - 1 more, exactly what the ``draft_model`` drafter proposes),
                           ``ngram`` (prompt n-gram lookup over the token buffer) or ``random`` (uniform tokens); q
                           one-hot for the last two
@@ -37,19 +35,13 @@ a branch's draws use their own generator and never see the target's random numbe
 fresh draw from q given the prefix.
 
 Fixed shapes, device ops only: the lookup, the backup (it runs for every row; hit rows keep their branch) and the
-branch calls are capturable; ``engine/speculate.py`` captures the backup inside a conditional graph node that runs
-only in rounds where a row missed (no host decision, so the host queues the next round while this one runs), and a
+branch calls are capturable; ``engine/speculate.py`` replays the backup only in rounds where a row missed, so a
 round where every row hit has nothing but the lookup on the critical path. With ``backup: draft`` a miss costs a
 whole synchronous draft (S calls of B rows); the fast backups (``ngram``, ``random``: Saguaro's backoff) cost
 acceptance instead, and at large batches some row misses almost every round. Counters on the device for benches:
 ``rounds`` (rounds with a cache) and ``hits`` (B,).
 Memory beyond the draft model: (S + 2 + N) state slots per sequence and, when sampling, the branches' q
-(B, N, S, V) fp32 and, with ``backup: draft``, the backup's noise (S, B, V) fp32.
-
-Random numbers of the backup (sampled ``draft``: the exponentials of its S draws; ``random``: its tokens) are drawn
-by ``backup_noise`` every round, before the decision whether the backup runs: a CUDA graph advances its generators'
-offsets on every replay whether or not a conditional body runs (and torch refuses draws inside one), so drawing
-outside it keeps a captured run's numbers those of an eager run, round for round.
+(B, N, S, V) fp32.
 
 Drafts with attention layers (Nemotron-H, Qwen3.5 hybrids, MambaInLlama): each attention layer keeps, besides the
 committed keys, the last chain's S + 1 keys and every branch's and the backup's own keys (``drafting/async_kv.py``);
@@ -61,12 +53,9 @@ which runs before it, sees that prefix as extra keys. Positions (RoPE) follow fr
 The draft on its own device (``draft_device``, e.g. ``cuda:1``; ``drafting/draft_device.py``): the draft model, its
 slots and the draft side of the round (``speculate``, the ``draft`` backup) live there, while the lookup, the round's
 drafts and a copy of the cache stay on the target's device. Three transfers a round, all small and in stream order
-(``engine/speculate.py`` places them): ``send`` (target -> draft: the bonus, the start slot, the hit flags and the
-drafts, packed into one (B, 3 + S) tensor), ``fetch_cache`` (draft -> target: keys and branch tokens as one
-(B, N, 1 + S) tensor, and q when sampling) and, with the ``draft`` backup, ``fetch_backup``: the draft device decides
-from the sent hit flags whether its backup runs (a conditional node there), merges the backup's tokens into its copy
-of the drafts (``speculate`` reads them) and returns its drafts (and q), which the target merges into its miss rows;
-the round trip happens every round, hit or miss, since no host decides. Without a
+(``engine/speculate.py`` places them): ``send`` (target -> draft: the bonus, the start slot and the drafts, packed
+into one (B, 2 + S) tensor), ``fetch_cache`` (draft -> target: keys and branch tokens as one (B, N, 1 + S) tensor,
+and q when sampling) and, in a round where a row missed and the backup is ``draft``, ``fetch_backup``. Without a
 draft device the same tensors are shared and nothing is copied.
 """
 from __future__ import annotations
@@ -165,11 +154,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.have_cache = torch.zeros(1, dtype=torch.bool, device=dev)  # False until the first speculate
         self.hit = torch.zeros(B, dtype=torch.bool, device=dev)  # this round's hits
         self.branch = torch.zeros(B, **long)  # this round's branch per row (0 where it missed)
-        self.miss_any = torch.zeros((), dtype=torch.bool, device=dev)  # some row missed: the backup runs (a flag)
-        # the backup's random numbers, drawn every round (module doc): the draft backup's exponentials, its tokens
-        bdev = dd if self.backup == "draft" else dev
-        self.noise = torch.ones(S, B, V, device=bdev) if self.backup == "draft" and not greedy else None
-        self.rand_tokens = torch.zeros(B, S, **long) if self.backup == "random" else None
+        self.miss_any = torch.zeros((), dtype=torch.bool, device=dev)  # some row missed: the backup runs
         self.rounds = torch.zeros((), **long)  # rounds that found a cache (counters for benches)
         self.hits = torch.zeros(B, **long)  # hits per sequence over those rounds
         # draft side: slot regions, and what the draft calls read and write (aliases of the above on one device)
@@ -181,11 +166,9 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         self.branch_src = self.chain[:, branch_depths(self.fanout, device=dd)].reshape(B * N)  # chain slot per branch
         self._attention(eng, dd)
         if self.remote:
-            self.io = torch.zeros(B, 3 + S, **long)  # send(): bonus | src | hit | drafts, packed
-            self.io_d = torch.zeros(B, 3 + S, dtype=torch.long, device=dd)
-            self.bonus_d, self.src_d, self.hit_d = self.io_d[:, 0], self.io_d[:, 1], self.io_d[:, 2]
-            self.drafts_d = self.io_d[:, 3:]
-            self.miss_any_d = torch.zeros((), dtype=torch.bool, device=dd)
+            self.io = torch.zeros(B, 2 + S, **long)  # send(): bonus | src | drafts, packed
+            self.io_d = torch.zeros(B, 2 + S, dtype=torch.long, device=dd)
+            self.bonus_d, self.src_d, self.drafts_d = self.io_d[:, 0], self.io_d[:, 1], self.io_d[:, 2:]
             self.cache_d = torch.zeros(B, N, 1 + S, dtype=torch.long, device=dd)
             self.branch_q_d = None if greedy else torch.zeros(B, N, S, V, device=dd)
             self.b_tokens = torch.zeros(B, S, **long)  # fetch_backup(): the draft backup's drafts (and q)
@@ -228,8 +211,9 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         return torch.cuda.device(dev) if self.remote and dev.type == "cuda" else nullcontext()
 
     def generators(self) -> list[torch.Generator]:
-        """Generators the backup draws from (``backup_noise``; on the draft device when ``backup_remote``)."""
-        return [self.gen] if self.noise is not None or self.rand_tokens is not None else []
+        """Generators the backup draws from (on the draft device when ``backup_remote``): a sampled ``draft``
+        backup's and the ``random`` backup's, greedy or not."""
+        return [self.gen] if self.backup == "random" or not self.sampling.greedy else []
 
     def speculate_generators(self) -> list[torch.Generator]:
         """Generators ``speculate`` draws from (the branches'): a graph capturing it registers them."""
@@ -246,15 +230,13 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         eng.ctx.step = StepInputs(ids, pos, src_slot=src, dst_slot=dst, kv_bound=eng.capacity)
         return eng.model(ids, eng.ctx).float()
 
-    def _draw(self, logits: Tensor, gen: torch.Generator | None, noise: Tensor | None = None
-              ) -> tuple[Tensor, Tensor | None]:
+    def _draw(self, logits: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor | None]:
         """(R, V) logits -> (R,) tokens and the q they were drawn from (R, V) (None: greedy). Sampled: the draft
-        distribution with its top max(fanout) + 1 tokens scaled by lambda (module doc), drawn from ``gen`` or, given
-        ``noise`` (R, V) Exp(1) numbers drawn beforehand, by the same exponential race without drawing."""
+        distribution with its top max(fanout) + 1 tokens scaled by lambda (module doc)."""
         if self.sampling.greedy:
             return logits.argmax(-1), None
         q = rescale_top(target_probs(logits, self.sampling), self.lam, max(self.fanout) + 1)
-        return (draw(q, gen) if noise is None else (q / noise).argmax(-1)), q
+        return draw(q, gen), q
 
     # propose (critical path) ------------------------------------------------------------------------
     @torch.no_grad()
@@ -289,27 +271,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             self.q.copy_(torch.where(self.hit[:, None, None], self.q, q))
 
     def missed(self) -> bool:
-        """Host: did any row miss the cache this round (so the backup must run)? Reads one flag: a sync (eager
-        runs only; a captured round decides on the device from ``miss_any``)."""
+        """Host: did any row miss the cache this round (so the backup must run)? Reads the lookup's flag: a sync."""
         return bool(self.miss_any)
-
-    @torch.no_grad()
-    def backup_noise(self) -> None:
-        """This round's random numbers of the backup, drawn every round before the decision (module doc); on the
-        backup's device. Nothing to draw for a greedy ``draft`` backup or ``ngram``."""
-        if self.rand_tokens is not None:
-            V = self.engine.model.cfg.vocab_size
-            torch.randint(V, self.rand_tokens.shape, generator=self.gen, out=self.rand_tokens)
-        elif self.noise is not None:
-            with self._draft_side():
-                self.noise.exponential_(generator=self.gen)
-
-    def remote_miss_flag(self) -> Tensor:
-        """Draft device, after ``send``: the flag (some row missed) from the sent hit flags, for its conditional
-        backup."""
-        with self._draft_side():
-            torch.any(self.hit_d == 0, out=self.miss_any_d)
-        return self.miss_any_d
 
     @torch.no_grad()
     def propose_device(self, buf: TokenBuffer) -> DraftTree:
@@ -318,19 +281,18 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             raise ValueError("async_draft with a draft_device runs through the engine only (engine/speculate.py "
                              "places its transfers); use generate() / Engine")
         tree = self.lookup(buf)
-        self.backup_noise()
         self.backup_drafts(buf)
         return tree
 
     def _backup(self, buf: TokenBuffer) -> tuple[Tensor, Tensor | None]:
         """Drafts (B, S) and their q (B, S, V) (None: greedy) for every row, as a miss would take them."""
-        S, V = self.S, self.engine.model.cfg.vocab_size
+        B, S, V = self.engine.batch, self.S, self.engine.model.cfg.vocab_size
         if self.backup == "draft":
             return self._draft_backup(self.bonus_d, self.src_d)
         if self.backup == "ngram":
             tokens = ngram_drafts_device(buf.tokens, buf.length, ngram=NGRAM, num_drafts=1, draft_len=S)[:, 0]
-        else:  # drawn by backup_noise
-            tokens = self.rand_tokens
+        else:
+            tokens = torch.randint(V, (B, S), device=self.bonus.device, generator=self.gen)
         one_hot = None if self.q is None else torch.nn.functional.one_hot(tokens, V).float()
         return tokens, one_hot
 
@@ -347,7 +309,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             if self.kv:
                 torch.add(base, c, out=self.pos_backup[:, 0])
             logits = self._call(tok[:, None], src, self.scratch[:, None], self.pos_backup, "backup", c)
-            tok, q = self._draw(logits[:, -1], None, None if self.noise is None else self.noise[c])
+            tok, q = self._draw(logits[:, -1], self.gen)
             toks.append(tok)
             qs.append(q)
             src = self.scratch
@@ -355,21 +317,18 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
 
     # the draft on its own device: transfers and the draft-side half of the backup -----------------------
     def send(self) -> None:
-        """Target -> draft device: this round's bonus, start slot, hit flags and drafts, packed (one copy)."""
-        torch.cat([self.bonus[:, None], self.src[:, None], self.hit[:, None], self.drafts], 1, out=self.io)
+        """Target -> draft device: this round's bonus, start slot and drafts, packed (one copy)."""
+        torch.cat([self.bonus[:, None], self.src[:, None], self.drafts], 1, out=self.io)
         self.io_d.copy_(self.io, non_blocking=True)
 
     @torch.no_grad()
     def backup_draft(self) -> None:
-        """The ``draft`` backup on the draft device (after ``send`` and ``backup_noise``): its drafts into
-        ``b_tokens_d`` (and q), and its tokens into the miss rows of the draft device's drafts (``speculate`` reads
-        them)."""
+        """The ``draft`` backup on the draft device (after ``send``): its drafts into ``b_tokens_d`` (and q)."""
         with self._draft_side():
             tokens, q = self._draft_backup(self.bonus_d, self.src_d)
             self.b_tokens_d.copy_(tokens)
             if q is not None:
                 self.b_q_d.copy_(q)
-            self.drafts_d.copy_(torch.where(self.hit_d[:, None].bool(), self.drafts_d, tokens))
 
     def fetch_backup(self) -> None:
         """Draft -> target device: the draft backup's drafts (and q)."""

@@ -12,8 +12,7 @@ users run.
 
 A drafter with ``speculate()`` (asynchronous speculation, ``drafting/async_draft.py``) fills its speculation
 cache while the target verifies (``engine/speculate.py``): per launch the cache lookup, the backup only when a
-row missed (a conditional node of the captured graph: the device decides; eagerly the host), then the speculate
-graph on a side stream concurrently with the target's graph.
+row missed (a host decision), then the speculate graph on a side stream concurrently with the target's graph.
 
 The first ``launch`` runs eagerly (on a side stream under CUDA: lazy initialisation, Triton compilation,
 cuBLAS workspaces), then the drafter's graph and the target's graph are captured and every later launch
@@ -174,8 +173,8 @@ class Engine:
 
     @torch.no_grad()
     def launch(self) -> None:
-        """Queue one decode step (see module doc); never waits for the device except on the first call (and in
-        eager runs of a speculating drafter, whose host reads its backup flag: ``engine/speculate.py``).
+        """Queue one decode step (see module doc); never waits for the device except on the first call and,
+        with a speculating drafter, on its one backup flag a step (``engine/speculate.py``).
         Reports go to two pinned buffers in turn: call ``collect(keep=1)`` after every launch (at most two
         steps in flight), as generate() and time_steps() do."""
         s = self.step
