@@ -12,8 +12,9 @@ lengths ``depths`` (N,) and ``have_cache`` (1,) bool, for every sequence b
     drafts[b] = cache[b, branch[b], 1:] if hit[b] else drafts[b]     (miss rows keep theirs until the backup)
     hits[b]  += hit[b]
 
-and once per call ``rounds += have_cache`` and ``miss_any = not all_b hit[b]`` (the flag the backup's conditional
-graph node reads). One Triton program walks the rows in blocks (the flag is a reduction over every row);
+and once per call ``rounds += have_cache`` and ``miss_any = not all_b hit[b]`` (the flag the host reads to decide
+whether the backup runs: ``AsyncDraft.missed``). One Triton program walks the rows in blocks (the flag is a
+reduction over every row);
 ``naive.py`` holds the PyTorch ops it replaces (the CPU path and the tests' reference). Every output is written
 in place and nothing is allocated, so the call is capturable.
 """
