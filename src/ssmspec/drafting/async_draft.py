@@ -72,8 +72,8 @@ from ssmspec.drafting.draft_model import draw
 from ssmspec.drafting.model_drafter import ModelDrafterBase
 from ssmspec.drafting.png import ngram_drafts_device
 from ssmspec.drafting.registry import DrafterBase, register_drafter
-from ssmspec.ops.cache_lookup import cache_lookup_step
 from ssmspec.drafting.saguaro import bonus_candidates, branch_depths, check_fanout, rescale_top
+from ssmspec.ops.cache_lookup import cache_lookup_step
 from ssmspec.strategies import StepInputs
 from ssmspec.strategies.base import SpecConfig
 from ssmspec.verify.distributions import SamplingConfig, target_probs
@@ -249,13 +249,13 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
             self.hit.zero_()
             self.miss_any.fill_(True)
             self._fresh = False
-            return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
-        cache_lookup_step(self.v_acc, self.v_bonus, self.chain_t, self.cache, self.depths, self.have_cache,
-                          bonus=self.bonus, src=self.src, hit=self.hit, branch=self.branch, drafts=self.drafts,
-                          miss_any=self.miss_any, rounds=self.rounds, hits=self.hits)
-        if self.q is not None:
-            rows = torch.arange(self.engine.batch, device=self.branch.device)
-            self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, self.branch], self.q))
+        else:
+            cache_lookup_step(self.v_acc, self.v_bonus, self.chain_t, self.cache, self.depths, self.have_cache,
+                              bonus=self.bonus, src=self.src, hit=self.hit, branch=self.branch, drafts=self.drafts,
+                              miss_any=self.miss_any, rounds=self.rounds, hits=self.hits)
+            if self.q is not None:
+                rows = torch.arange(self.engine.batch, device=self.branch.device)
+                self.q.copy_(torch.where(self.hit[:, None, None], self.branch_q[rows, self.branch], self.q))
         return DraftTree.from_chains(self.drafts[:, None], None if self.q is None else self.q[:, None])
 
     @torch.no_grad()

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ssmspec.ops.cache_lookup.naive import cache_match
+
 
 def check_fanout(fanout: list[int] | tuple[int, ...], depth: int) -> tuple[int, ...]:
     """``fanout`` (S + 1 non-negative counts, at least one branch) -> a tuple; one clear error otherwise."""
@@ -67,8 +69,7 @@ def bonus_candidates(logits: Tensor, drafts: Tensor, fanout: tuple[int, ...]) ->
 def cache_lookup(keys: Tensor, depths: Tensor, accepted: Tensor, bonus: Tensor) -> tuple[Tensor, Tensor]:
     """Which branch a verdict hits. keys (B, N) candidate bonus tokens, depths (N,) their accepted lengths,
     accepted (B,) and bonus (B,) the verdict -> (hit (B,) bool, branch (B,) int64; 0 where it missed)."""
-    match = (keys == bonus[:, None]) & (depths[None] == accepted[:, None])  # (B, N): at most one per row
-    return match.any(1), match.long().argmax(1)
+    return cache_match(keys, depths, accepted, bonus)  # the match law, shared with the lookup op's twin
 
 
 def rescale_top(probs: Tensor, lam: float, count: int) -> Tensor:
