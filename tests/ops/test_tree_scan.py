@@ -133,6 +133,23 @@ def test_tree_scan_sweep_smoke(device, tmp_path):
     assert all(r["status"] == "ok" and r["ms"] > 0 and r["rel"] < 1e-5 for r in packed)
 
 
+def test_tree_scan_sweep_isolates_a_launch_that_crashes(device):
+    """``--isolate`` (the default on CUDA): each measurement runs in a child process, so a launch that kills its
+    process (on the GPU an illegal memory access, which poisons the CUDA context; here an option the kernel
+    refuses) is a ``crashed`` row with the child's error line, and a good launch's row comes back whole."""
+    from types import SimpleNamespace
+
+    from ssmspec.bench.tree_scan_sweep import isolated
+    if device != "cpu":
+        pytest.skip("the children run the --tiny sizes under the interpreter")
+    a = SimpleNamespace(iters=1, warmup=0, tiny=True)
+    bad = isolated("tiny-mamba2", 1, 3, "packed", {"block_p": 24}, a)
+    assert bad["status"] == "crashed" and bad["ms"] is None
+    assert bad["reason"].startswith("exit 1: ValueError: tree scan: block_p must be a power of two"), bad["reason"]
+    good = isolated("tiny-mamba2", 1, 3, "packed", {"readout": "tf32x3"}, a)
+    assert good["status"] == "ok" and good["ms"] > 0 and good["rel"] < 1e-5 and good["launch"] == {"readout": "tf32x3"}
+
+
 def test_tree_scan_kernel_rows_differ_per_sequence(device):
     """Each sequence reads its own mask: a chain in row 0 and a bushy tree in row 1."""
     H, P, G, N, T = 2, 16, 1, 16, 6

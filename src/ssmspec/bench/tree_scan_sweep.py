@@ -16,6 +16,11 @@ runs: a smoke test of the options, not a timing). Every variant's y is compared 
 (norm-relative difference; over 1e-2 the row is marked BAD and never chosen) and a variant the GPU cannot hold
 (OutOfResources) is a ``failed`` row. Prints one table and, per point, the best configuration as the keyword
 arguments of ``tree_scan_triton``; ``--json`` writes every row.
+
+On CUDA every measurement runs in a process of its own (``--isolate``, the default there): a launch that faults
+(an illegal memory access poisons the CUDA context of its process, and the first GPU sweep died of one) is a
+``crashed`` row with the child's last error line, and the descent goes on. ``--no-isolate`` measures in this
+process (the interpreter's default: one import instead of one per variant).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -54,58 +60,98 @@ def timed(fn, rot: int, a, cuda: bool) -> list[float]:
 
 def run_point(preset: str, bsz: int, depth: int, a, cuda: bool) -> list[dict]:
     """The rows of one (preset, batch, depth): unrolled_shared, the packed defaults, then the descent."""
-    import math
+    measure = (lambda launch, impl="packed": isolated(preset, bsz, depth, impl, launch, a)) if a.isolate else \
+        Point(preset, bsz, depth, a, cuda).measure
+    rows = [measure(None, "unrolled_shared")]
+    best = measure({})
+    rows.append(best)
+    for stage in STAGES:
+        for v in variants(stage, best["launch"], Point.state_width(preset), a.tiny):
+            row = measure({**best["launch"], **v})
+            rows.append(row)
+            if row["status"] == "ok" and (best["status"] != "ok" or row["ms"] < best["ms"]):
+                best = row
+    rows.append(dict(best, impl="packed-best"))
+    return rows
 
-    from ssmspec.bench.kernels import chain, make_inputs, mixer_sizes, random_states, state_bytes
-    from ssmspec.bench.tree import _form, full_binary_tree
-    from ssmspec.ops.tree_scan.triton import tree_scan_triton
 
-    device = "cuda" if cuda else "cpu"
-    z = mixer_sizes(preset)
-    H, P, N = z["H"], z["P"], z["N"]
-    mask, paths, first = full_binary_tree(depth, bsz, device)
-    n = mask.shape[-1]
-    dtype = torch.bfloat16 if cuda else torch.float32
-    inp = make_inputs(bsz, n, H, P, z["G"], N, dtype, device)
-    l2 = torch.cuda.get_device_properties(device).L2_cache_size if cuda else 0
-    rot = max(1, min(256, math.ceil(4 * l2 / state_bytes(bsz, H, P, N)))) if cuda else 1
-    states = random_states(rot, (bsz, H, P, N), device)
-    base = dict(model=preset, batch=bsz, depth=depth, nodes=n, rot=rot)
-    rows = []
-    shared = chain([_form("unrolled_shared", s, inp, mask, paths, first, None, 0, []) for s in states])
-    shared()
-    ms = statistics.median(timed(shared, rot, a, cuda))
-    rows.append(dict(base, impl="unrolled_shared", launch={}, ms=ms, rel=None, status="ok"))
+def isolated(preset: str, bsz: int, depth: int, impl: str, launch: dict | None, a) -> dict:
+    """One measurement in a child process (``--one``): its row, or a ``crashed`` row with its last error line."""
+    spec = dict(preset=preset, batch=bsz, depth=depth, impl=impl, launch=launch)
+    argv = [sys.executable, "-m", "ssmspec.bench.tree_scan_sweep", "--one", json.dumps(spec),
+            "--iters", str(a.iters), "--warmup", str(a.warmup)] + (["--tiny"] if a.tiny else [])
+    out = subprocess.run(argv, capture_output=True, text=True)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    err = [ln.strip() for ln in (out.stderr + out.stdout).splitlines() if ln.strip()]
+    reason = next((ln for ln in reversed(err) if "Error" in ln or ln.startswith("error")), err[-1] if err else "")
+    return dict(model=preset, batch=bsz, depth=depth, impl=impl, launch=dict(launch or {}), ms=None, rel=None,
+                status="crashed", reason=f"exit {out.returncode}: {reason[:160]}")
 
-    def packed(launch: dict, st: torch.Tensor) -> torch.Tensor:
-        return tree_scan_triton(st, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"], tree_mask=mask,
-                                dt_bias=inp["dt_bias"], dt_softplus=True, **launch)
 
-    ref = packed({}, states[0]).float()
+class Point:
+    """The inputs of one (preset, batch, depth) and the measurement of a launch on them."""
 
-    def measure(launch: dict) -> dict:
-        row = dict(base, impl="packed", launch=dict(launch))
+    @staticmethod
+    def state_width(preset: str) -> int:
+        from ssmspec.bench.kernels import mixer_sizes
+
+        return mixer_sizes(preset)["N"]
+
+    def __init__(self, preset: str, bsz: int, depth: int, a, cuda: bool) -> None:
+        import math
+
+        from ssmspec.bench.kernels import make_inputs, mixer_sizes, random_states, state_bytes
+        from ssmspec.bench.tree import full_binary_tree
+
+        torch.manual_seed(0)  # every process of an isolated sweep times the same inputs
+        device = "cuda" if cuda else "cpu"
+        z = mixer_sizes(preset)
+        H, P, N = z["H"], z["P"], z["N"]
+        self.mask, self.paths, self.first = full_binary_tree(depth, bsz, device)
+        n = self.mask.shape[-1]
+        dtype = torch.bfloat16 if cuda else torch.float32
+        self.inp = make_inputs(bsz, n, H, P, z["G"], N, dtype, device)
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size if cuda else 0
+        self.rot = max(1, min(256, math.ceil(4 * l2 / state_bytes(bsz, H, P, N)))) if cuda else 1
+        self.states = random_states(self.rot, (bsz, H, P, N), device)
+        self.base = dict(model=preset, batch=bsz, depth=depth, nodes=n, rot=self.rot)
+        self.a, self.cuda = a, cuda
+        self._ref = None  # the defaults' y, what every launch is compared with (made on first use)
+
+    def packed(self, launch: dict, st: torch.Tensor) -> torch.Tensor:
+        from ssmspec.ops.tree_scan.triton import tree_scan_triton
+
+        i = self.inp
+        return tree_scan_triton(st, i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"], tree_mask=self.mask,
+                                dt_bias=i["dt_bias"], dt_softplus=True, **launch)
+
+    def measure(self, launch: dict | None, impl: str = "packed") -> dict:
+        """The row of ``launch`` (``impl`` packed) or of the unrolled paths sharing one state read (launch None)."""
+        from ssmspec.bench.kernels import chain
+        from ssmspec.bench.tree import _form
+
+        if impl == "unrolled_shared":
+            fn = chain([_form("unrolled_shared", s, self.inp, self.mask, self.paths, self.first, None, 0, [])
+                        for s in self.states])
+            fn()
+            ms = statistics.median(timed(fn, self.rot, self.a, self.cuda))
+            return dict(self.base, impl=impl, launch={}, ms=ms, rel=None, status="ok")
+        row = dict(self.base, impl="packed", launch=dict(launch))
         try:
-            y = packed(launch, states[0]).float()
-            rel = float((y - ref).norm() / ref.norm().clamp_min(1e-30))
-            fns = [lambda s=s: packed(launch, s) for s in states]
-            row.update(ms=statistics.median(timed(chain(fns), rot, a, cuda)), rel=rel,
+            if self._ref is None:
+                self._ref = self.packed({}, self.states[0]).float()
+            y = self.packed(launch, self.states[0]).float()
+            rel = float((y - self._ref).norm() / self._ref.norm().clamp_min(1e-30))
+            fns = [lambda s=s: self.packed(launch, s) for s in self.states]
+            row.update(ms=statistics.median(timed(chain(fns), self.rot, self.a, self.cuda)), rel=rel,
                        status="ok" if rel <= BAD_REL else "BAD")
         except Exception as e:  # noqa: BLE001 - OutOfResources (shared memory, registers) or out of memory
             if not ("OutOfResources" in type(e).__name__ or isinstance(e, torch.cuda.OutOfMemoryError)):
                 raise
             row.update(ms=None, rel=None, status="failed", reason=str(e).splitlines()[0][:120])
-        rows.append(row)
         return row
-
-    best = measure({})
-    for stage in STAGES:
-        for v in variants(stage, best["launch"], N, a.tiny):
-            row = measure({**best["launch"], **v})
-            if row["status"] == "ok" and row["ms"] < best["ms"]:
-                best = row
-    rows.append(dict(best, impl="packed-best"))
-    return rows
 
 
 def report(rows: list[dict]) -> str:
@@ -133,6 +179,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--json", default=None, help="write every row here")
+    p.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="each measurement in a process of its own (default: on CUDA)")
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child of --isolate: one measurement
     a = p.parse_args(argv)
     cuda = torch.cuda.is_available() and not a.tiny
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
@@ -146,6 +195,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     a.depth = a.depth or ([4] if a.tiny else [4, 5, 6])
     a.iters = a.iters or (1 if a.tiny else 100)
     a.warmup = a.warmup if a.warmup is not None else (0 if a.tiny else 5)
+    a.isolate = cuda if a.isolate is None else a.isolate
+    if a.one is not None:  # the child: one row as the last line of stdout
+        spec = json.loads(a.one)
+        with torch.no_grad():
+            row = Point(spec["preset"], spec["batch"], spec["depth"], a, cuda).measure(spec["launch"], spec["impl"])
+        print(json.dumps(row))
+        return [row]
     rows = []
     with torch.no_grad():
         for preset in a.presets:
