@@ -81,6 +81,75 @@ def test_tree_scan_kernel_matches_naive(tree, H, P, G, N, dtype, use_D, raw_dt, 
     assert torch.equal(state, before), "the tree scan must not write the committed state"
 
 
+@pytest.mark.parametrize("launch", [
+    pytest.param(dict(readout_block=16), id="readout-in-4-steps"),
+    pytest.param(dict(block_p=16, num_warps=8), id="bp16-8warps"),
+    pytest.param(dict(block_p=32, readout_block=32, readout="tf32x3"), id="bp32-r32-tf32x3"),
+    pytest.param(dict(readout="tf32"), id="tf32"),
+])
+@pytest.mark.parametrize("tree", ["static-3x4", "random-T70"])
+def test_tree_scan_launch_options_match_naive(tree, launch, device):
+    """Every launch option of the sweep (``scan_launch``: P columns a program, warps, the readout in steps
+    over the state width, its precision) gives the naive twin's y: P = 80 leaves a partial P block at 16 and
+    32, N = 64 takes 4 readout steps of 16, random-T70 has a block of nodes before the diagonal one."""
+    from ssmspec.ops.tree_scan.triton import tree_scan_triton
+
+    bsz, H, P, G, N = 2, 4, 80, 2, 64
+    mask, L = _mask(TREES[tree], bsz, device)
+    inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device, seed=3)
+    state = torch.randn(bsz, H, P, N, device=device) * 0.5
+    x, B, C = (_poisoned(inp[k]) for k in ("x", "B", "C"))
+    kw = dict(tree_mask=mask, dt_bias=inp["dt_bias"], dt_softplus=True)
+    y_k = tree_scan_triton(state, x, inp["dt"], inp["A"], B, C, inp["D"], **kw, **launch)
+    y_r = tree_scan(state, x, inp["dt"], inp["A"], B, C, inp["D"], **kw, backend="reference")
+    assert_close(y_k, y_r, TOL[torch.bfloat16], "y")  # bf16 outputs: a tf32 readout rounds below that
+
+
+def test_tree_scan_rejects_bad_launch_options(device):
+    from ssmspec.ops.tree_scan.triton import scan_launch
+
+    for bad, match in ((dict(block_p=24), "block_p must be a power of two"),
+                       (dict(readout_block=256), r"readout_block must be a power of two in \[16, 64\]"),
+                       (dict(num_warps=3), "num_warps"), (dict(readout="bf16"), "readout must be one of")):
+        with pytest.raises(ValueError, match=match):
+            scan_launch(40, 64, 64, **bad)
+    assert scan_launch(63, 64, 128) == dict(BLOCK_T=64, BLOCK_N=128, BLOCK_P=64, BLOCK_R=128, num_warps=4, READOUT=0)
+
+
+def test_tree_scan_sweep_smoke(device, tmp_path):
+    """``python -m ssmspec.bench.tree_scan_sweep --tiny``: the baseline and every option group run, every
+    variant's y agrees with the defaults', and the rows written are the rows returned."""
+    import json
+
+    from ssmspec.bench.tree_scan_sweep import main
+    if device != "cpu":
+        pytest.skip("the --tiny smoke runs under the interpreter")
+    rows = main(["--tiny", "--json", str(tmp_path / "rows.json")])
+    assert rows == json.loads((tmp_path / "rows.json").read_text())
+    assert [r["impl"] for r in rows][:2] == ["unrolled_shared", "packed"] and rows[-1]["impl"] == "packed-best"
+    packed = [r for r in rows if r["impl"] == "packed"]
+    seen = {k for r in packed for k in r["launch"]}
+    assert {"readout", "readout_block", "block_p", "num_warps"} <= seen
+    assert all(r["status"] == "ok" and r["ms"] > 0 and r["rel"] < 1e-5 for r in packed)
+
+
+def test_tree_scan_sweep_isolates_a_launch_that_crashes(device):
+    """``--isolate`` (the default on CUDA): each measurement runs in a child process, so a launch that kills its
+    process (on the GPU an illegal memory access, which poisons the CUDA context; here an option the kernel
+    refuses) is a ``crashed`` row with the child's error line, and a good launch's row comes back whole."""
+    from types import SimpleNamespace
+
+    from ssmspec.bench.tree_scan_sweep import isolated
+    if device != "cpu":
+        pytest.skip("the children run the --tiny sizes under the interpreter")
+    a = SimpleNamespace(iters=1, warmup=0, tiny=True)
+    bad = isolated("tiny-mamba2", 1, 3, "packed", {"block_p": 24}, a)
+    assert bad["status"] == "crashed" and bad["ms"] is None
+    assert bad["reason"].startswith("exit 1: ValueError: tree scan: block_p must be a power of two"), bad["reason"]
+    good = isolated("tiny-mamba2", 1, 3, "packed", {"readout": "tf32x3"}, a)
+    assert good["status"] == "ok" and good["ms"] > 0 and good["rel"] < 1e-5 and good["launch"] == {"readout": "tf32x3"}
+
+
 def test_tree_scan_kernel_rows_differ_per_sequence(device):
     """Each sequence reads its own mask: a chain in row 0 and a bushy tree in row 1."""
     H, P, G, N, T = 2, 16, 1, 16, 6

@@ -16,8 +16,14 @@ t are a chain whose indices increase towards t, so t's k-th nearest ancestor is 
 and exactly k ancestors-or-self of t after it: a reverse prefix count over t's mask row finds it, without
 any depth table. Where the tree above t is shallower than k, the tap reads the committed conv state.
 
+The readout C_t S0ᵀ runs over the state width in steps of BLOCK_R columns (one step by default): at 64 nodes
+and N = 128 a whole fp32 C tile and state tile at once are 64 KB of registers a program. Its products are exact
+fp32 ("ieee") by default, or tf32x3 / tf32 on tensor cores (``scan_launch``'s ``readout``). The diagonal node
+block reuses the rows' A_tree; only blocks before it compute their columns'.
+
 Neither kernel writes state (an autotuner could replay them safely), but their block sizes are fixed by
-hand (``_scan_blocks``) so that no first call inside a CUDA-graph capture has to benchmark.
+hand (``_scan_blocks``, ``scan_launch``) so that no first call inside a CUDA-graph capture has to benchmark;
+``python -m ssmspec.bench.tree_scan_sweep`` times the launch options against the unrolled paths.
 """
 from __future__ import annotations
 
@@ -72,6 +78,34 @@ def _acc_tree(mask_ptr, dt_ptr, rows, n_blocks, L, A, bias, lo, hi, m_t, m_j, dt
 
 
 @triton.jit
+def _readout(c, s, PREC: tl.constexpr):
+    """c @ s for the checkpoint readout, fp32 operands: exact fp32 products (0, "ieee"), three tf32 products
+    (1, "tf32x3": about fp32's accuracy on tensor cores) or one (2, "tf32")."""
+    if PREC == 0:
+        return tl.dot(c, s, input_precision="ieee")
+    if PREC == 1:
+        return tl.dot(c, s, input_precision="tf32x3")
+    return tl.dot(c, s, input_precision="tf32")
+
+
+@triton.jit
+def _pair_block(C_t, B_base, x_base, mask_base, rows, cols, acc_t, acc_j, dt_j, offs_n, offs_p, mask_n, mask_p,
+                L, B_l, B_n, x_l, x_p, m_t, m_j, IS_CAUSAL: tl.constexpr, IEEE: tl.constexpr):
+    """Σ_j over the column block ``cols`` of mask[t, j]·exp(acc_t − acc_j)·dt_j·(C_t·B_j)·x_j, (BLOCK_T, BLOCK_P)."""
+    col_ok = cols < L
+    B_j = tl.load(B_base + cols[:, None] * B_l + offs_n[None, :] * B_n,
+                  mask=col_ok[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_T, BLOCK_N)
+    cb = _dot(C_t, tl.trans(B_j), IEEE)  # (BLOCK_T, BLOCK_T) C_t·B_j
+    anc = _ancestors(mask_base, rows, cols, L, m_t, m_j, IS_CAUSAL)
+    # exp(acc_t − acc_j) on ancestor pairs only (the exponent of a non-ancestor pair can be positive)
+    decay = tl.exp(tl.where(anc, acc_t[:, None] - acc_j[None, :], float("-inf")))
+    w = cb * decay * dt_j[None, :]  # (BLOCK_T, BLOCK_T)
+    x_j = tl.load(x_base + cols[:, None] * x_l + offs_p[None, :] * x_p,
+                  mask=col_ok[:, None] & mask_p[None, :], other=0.0)  # (BLOCK_T, BLOCK_P)
+    return _dot(w.to(x_j.dtype), x_j, IEEE)
+
+
+@triton.jit
 def _tree_scan_kernel(
     state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, mask_ptr, y_ptr,
     L, H, P, N, heads_per_group, lo, hi,
@@ -83,8 +117,8 @@ def _tree_scan_kernel(
     m_b, m_t, m_j,
     y_b, y_l, y_h, y_p,
     IS_CAUSAL: tl.constexpr, HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LIMIT: tl.constexpr, IEEE: tl.constexpr, READOUT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     bh = tl.program_id(1)
@@ -107,31 +141,35 @@ def _tree_scan_kernel(
     mask_base = mask_ptr + b * m_b
     x_base = x_ptr + b * x_b + h * x_h
     B_base = B_ptr + b * B_b + g * B_g
+    C_base = C_ptr + b * C_b + g * C_g
     # rows' A_tree; ancestors of a row block lie in column blocks <= tb (topological order)
     acc_t = _acc_tree(mask_base, dt_base, rows, tb + 1, L, A, bias, lo, hi, m_t, m_j, dt_l,
                       IS_CAUSAL, DT_SOFTPLUS, HAS_LIMIT, BLOCK_T)  # (BLOCK_T,)
-    C_t = tl.load(C_ptr + b * C_b + g * C_g + rows[:, None] * C_l + offs_n[None, :] * C_n,
+    # checkpoint readout exp(acc_t)·C_t S0ᵀ on fp32 operands (the state is fp32), BLOCK_R state columns at a
+    # time: a (BLOCK_T, BLOCK_N) fp32 C and a (BLOCK_P, BLOCK_N) state at once spill registers at 64 x 128
+    y = tl.zeros([BLOCK_T, BLOCK_P], dtype=tl.float32)
+    for r0 in tl.static_range(0, BLOCK_N, BLOCK_R):
+        offs_r = r0 + tl.arange(0, BLOCK_R)
+        mask_r = offs_r < N
+        C_r = tl.load(C_base + rows[:, None] * C_l + offs_r[None, :] * C_n,
+                      mask=row_ok[:, None] & mask_r[None, :], other=0.0)  # (BLOCK_T, BLOCK_R)
+        S_r = tl.load(state_ptr + b * s_b + h * s_h + offs_p[:, None] * s_p + offs_r[None, :] * s_n,
+                      mask=mask_p[:, None] & mask_r[None, :], other=0.0)  # (BLOCK_P, BLOCK_R)
+        y += _readout(C_r.to(tl.float32), tl.trans(S_r), READOUT)
+    y = y * tl.exp(acc_t)[:, None]  # (BLOCK_T, BLOCK_P)
+    C_t = tl.load(C_base + rows[:, None] * C_l + offs_n[None, :] * C_n,
                   mask=row_ok[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_T, BLOCK_N)
-    # checkpoint readout exp(acc_t)·C_t S0ᵀ, fp32 (the state is fp32)
-    S0 = tl.load(state_ptr + b * s_b + h * s_h + offs_p[:, None] * s_p + offs_n[None, :] * s_n,
-                 mask=mask_p[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_P, BLOCK_N)
-    y = _dot(C_t.to(tl.float32), tl.trans(S0), True) * tl.exp(acc_t)[:, None]  # (BLOCK_T, BLOCK_P)
-    for jb in range(0, tb + 1):
+    for jb in range(0, tb):  # column blocks before the diagonal: ancestors only, their A_tree computed here
         cols = jb * BLOCK_T + tl.arange(0, BLOCK_T)  # (BLOCK_T,) candidate ancestors
-        col_ok = cols < L
-        dt_j, _ = _log_decay(dt_base, cols, col_ok, A, bias, lo, hi, dt_l, DT_SOFTPLUS, HAS_LIMIT)
+        dt_j, _ = _log_decay(dt_base, cols, cols < L, A, bias, lo, hi, dt_l, DT_SOFTPLUS, HAS_LIMIT)
         acc_j = _acc_tree(mask_base, dt_base, cols, jb + 1, L, A, bias, lo, hi, m_t, m_j, dt_l,
                           IS_CAUSAL, DT_SOFTPLUS, HAS_LIMIT, BLOCK_T)
-        B_j = tl.load(B_base + cols[:, None] * B_l + offs_n[None, :] * B_n,
-                      mask=col_ok[:, None] & mask_n[None, :], other=0.0)  # (BLOCK_T, BLOCK_N)
-        cb = _dot(C_t, tl.trans(B_j), IEEE)  # (BLOCK_T, BLOCK_T) C_t·B_j
-        anc = _ancestors(mask_base, rows, cols, L, m_t, m_j, IS_CAUSAL)
-        # exp(acc_t − acc_j) on ancestor pairs only (the exponent of a non-ancestor pair can be positive)
-        decay = tl.exp(tl.where(anc, acc_t[:, None] - acc_j[None, :], float("-inf")))
-        w = cb * decay * dt_j[None, :]  # (BLOCK_T, BLOCK_T)
-        x_j = tl.load(x_base + cols[:, None] * x_l + offs_p[None, :] * x_p,
-                      mask=col_ok[:, None] & mask_p[None, :], other=0.0)  # (BLOCK_T, BLOCK_P)
-        y += _dot(w.to(x_j.dtype), x_j, IEEE)
+        y += _pair_block(C_t, B_base, x_base, mask_base, rows, cols, acc_t, acc_j, dt_j, offs_n, offs_p, mask_n,
+                         mask_p, L, B_l, B_n, x_l, x_p, m_t, m_j, IS_CAUSAL, IEEE)
+    # the diagonal block: its columns are this program's rows, whose A_tree is acc_t
+    dt_t, _ = _log_decay(dt_base, rows, row_ok, A, bias, lo, hi, dt_l, DT_SOFTPLUS, HAS_LIMIT)
+    y += _pair_block(C_t, B_base, x_base, mask_base, rows, rows, acc_t, acc_t, dt_t, offs_n, offs_p, mask_n,
+                     mask_p, L, B_l, B_n, x_l, x_p, m_t, m_j, IS_CAUSAL, IEEE)
     io = row_ok[:, None] & mask_p[None, :]
     if HAS_D:
         x_t = tl.load(x_base + rows[:, None] * x_l + offs_p[None, :] * x_p, mask=io, other=0.0)
@@ -176,6 +214,9 @@ def _tree_conv_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, mask_ptr, y_ptr, L, Cdim,
              mask=row_ok[:, None] & mask_c[None, :])
 
 
+READOUTS = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # precision of the checkpoint readout C·S0ᵀ (``_readout``)
+
+
 def _scan_blocks(L: int, P: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_P, num_warps), by hand. A whole STree tree (up to 64 nodes, seed 003 uses 13-63) is one
     node block, so A_tree and every C·B pair come from one tile; tl.dot needs >= 16 on every side. With
@@ -183,6 +224,29 @@ def _scan_blocks(L: int, P: int) -> tuple[int, int, int]:
     bt = min(64, max(16, triton.next_power_of_2(L)))
     bp = min(64, max(16, triton.next_power_of_2(P)))
     return bt, bp, 4
+
+
+def scan_launch(L: int, P: int, N: int, *, block_p: int | None = None, num_warps: int | None = None,
+                readout_block: int | None = None, readout: str = "ieee") -> dict:
+    """The launch of ``tree_scan_triton``: the defaults of ``_scan_blocks`` (the whole state width read out at
+    once, exact fp32 products) where an option is None. ``block_p``: P columns a program (a power of two >= 16;
+    smaller gives more programs); ``readout_block``: state columns per step of the readout (a power of two,
+    16 .. the padded N); ``readout``: "ieee", "tf32x3" or "tf32" (``_readout``). Bad values raise ValueError."""
+    bt, bp, nw = _scan_blocks(L, P)
+    bn = max(16, triton.next_power_of_2(N))
+
+    def pow2(name: str, v: int, lo: int, hi: int) -> int:
+        if v < lo or v > hi or v & (v - 1):
+            raise ValueError(f"tree scan: {name} must be a power of two in [{lo}, {hi}], got {v}")
+        return v
+
+    if readout not in READOUTS:
+        raise ValueError(f"tree scan: readout must be one of {', '.join(READOUTS)}, got {readout!r}")
+    return dict(BLOCK_T=bt, BLOCK_N=bn,
+                BLOCK_P=bp if block_p is None else pow2("block_p", block_p, 16, 128),
+                BLOCK_R=bn if readout_block is None else pow2("readout_block", readout_block, 16, bn),
+                num_warps=nw if num_warps is None else pow2("num_warps", num_warps, 1, 16),
+                READOUT=READOUTS[readout])
 
 
 def _mask_arg(tree_mask: Tensor | None, bsz: int, L: int, device) -> tuple[Tensor, tuple[int, int, int]]:
@@ -198,8 +262,9 @@ def _mask_arg(tree_mask: Tensor | None, bsz: int, L: int, device) -> tuple[Tenso
 
 def tree_scan_triton(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
                      *, tree_mask: Tensor | None = None, dt_bias: Tensor | None = None, dt_softplus: bool = False,
-                     dt_limit: tuple[float, float] = (0.0, float("inf"))) -> Tensor:
-    """Triton form of ``tree_scan`` (see ``ssmspec.ops.tree_scan``; same shapes). Returns y (B, L, H, P)."""
+                     dt_limit: tuple[float, float] = (0.0, float("inf")), **launch) -> Tensor:
+    """Triton form of ``tree_scan`` (see ``ssmspec.ops.tree_scan``; same shapes). Returns y (B, L, H, P).
+    ``launch``: the options of ``scan_launch`` (block_p, num_warps, readout_block, readout)."""
     if x.dim() != 4:
         raise ValueError(f"x must be (B, L, H, P), got {tuple(x.shape)}")
     bsz, L, H, P = x.shape
@@ -218,19 +283,18 @@ def tree_scan_triton(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
     if B.dtype != x.dtype or C.dtype != x.dtype:
         raise ValueError(f"B and C must have x's dtype {x.dtype} for the Triton tree scan, got {B.dtype}, {C.dtype}")
     mask, ms = _mask_arg(tree_mask, bsz, L, x.device)
+    cfg = scan_launch(L, P, N, **launch)
     y = torch.empty_like(x)
     if L == 0:
         return y
-    bt, bp, nw = _scan_blocks(L, P)
     lo, hi = limit_args(dt_limit)
-    grid = (triton.cdiv(P, bp), bsz * H, triton.cdiv(L, bt))
+    grid = (triton.cdiv(P, cfg["BLOCK_P"]), bsz * H, triton.cdiv(L, cfg["BLOCK_T"]))
     _tree_scan_kernel[grid](
         state, x, dt, A, B, C, D if D is not None else dummy(x), dt_bias if dt_bias is not None else dummy(x),
         mask, y, L, H, P, N, H // B.shape[2], lo, hi,
         *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *ms, *y.stride(),
         IS_CAUSAL=tree_mask is None, HAS_D=D is not None, HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus,
-        HAS_LIMIT=has_limit(dt_limit), IEEE=x.dtype == torch.float32 or interpret_mode(),
-        BLOCK_T=bt, BLOCK_P=bp, BLOCK_N=max(16, triton.next_power_of_2(N)), num_warps=nw,
+        HAS_LIMIT=has_limit(dt_limit), IEEE=x.dtype == torch.float32 or interpret_mode(), **cfg,
     )
     return y
 
