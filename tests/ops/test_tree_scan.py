@@ -113,7 +113,25 @@ def test_tree_scan_rejects_bad_launch_options(device):
                        (dict(num_warps=3), "num_warps"), (dict(readout="bf16"), "readout must be one of")):
         with pytest.raises(ValueError, match=match):
             scan_launch(40, 64, 64, **bad)
-    assert scan_launch(63, 64, 128) == dict(BLOCK_T=64, BLOCK_N=128, BLOCK_P=64, BLOCK_R=128, num_warps=4, READOUT=0)
+    # the defaults: one node block, a whole head's P, 8 warps; a tf32 readout for 16-bit inputs, exact for fp32
+    assert scan_launch(63, 64, 128) == dict(BLOCK_T=64, BLOCK_N=128, BLOCK_P=64, BLOCK_R=128, num_warps=8, READOUT=2)
+    assert scan_launch(63, 64, 128, half=False)["READOUT"] == 0
+    assert scan_launch(63, 64, 128, half=False, readout="tf32x3")["READOUT"] == 1
+
+
+@pytest.mark.parametrize("block_p", [16, 32])
+def test_tree_scan_refuses_the_launch_triton_miscompiles(block_p):
+    """64 nodes a program, fewer than 64 P columns, 4 warps and a one-step readout over 128 state columns read
+    past their shared memory on an H200 (Triton 3.6; compute-sanitizer: an invalid __shared__ read in the store
+    of y, at every readout precision). ``scan_launch`` refuses exactly that launch and names the fixes, which
+    it accepts."""
+    from ssmspec.ops.tree_scan.triton import scan_launch
+
+    with pytest.raises(ValueError, match="use num_warps=8 or readout_block=64"):
+        scan_launch(63, 64, 128, block_p=block_p, num_warps=4)
+    assert scan_launch(63, 64, 128, block_p=block_p, num_warps=8)["BLOCK_P"] == block_p
+    assert scan_launch(63, 64, 128, block_p=block_p, num_warps=4, readout_block=64)["BLOCK_R"] == 64
+    assert scan_launch(31, 64, 128, block_p=block_p, num_warps=4)["BLOCK_T"] == 32  # 32 nodes: no fault seen
 
 
 def test_tree_scan_sweep_smoke(device, tmp_path):
@@ -134,18 +152,22 @@ def test_tree_scan_sweep_smoke(device, tmp_path):
 
 
 def test_tree_scan_sweep_isolates_a_launch_that_crashes(device):
-    """``--isolate`` (the default on CUDA): each measurement runs in a child process, so a launch that kills its
-    process (on the GPU an illegal memory access, which poisons the CUDA context; here an option the kernel
-    refuses) is a ``crashed`` row with the child's error line, and a good launch's row comes back whole."""
+    """``--isolate`` (the default on CUDA): each measurement runs in a child process, so a child that dies (on the
+    GPU an illegal memory access, which poisons the CUDA context; here a preset that does not exist) is a
+    ``crashed`` row with the child's error line; a launch ``scan_launch`` refuses is a ``refused`` row with its
+    reason, and a good launch's row comes back whole."""
     from types import SimpleNamespace
 
     from ssmspec.bench.tree_scan_sweep import isolated
     if device != "cpu":
         pytest.skip("the children run the --tiny sizes under the interpreter")
     a = SimpleNamespace(iters=1, warmup=0, tiny=True)
+    dead = isolated("no-such-model", 1, 3, "packed", {}, a)
+    assert dead["status"] == "crashed" and dead["ms"] is None
+    assert dead["reason"].startswith("exit 1: ValueError: unknown model preset 'no-such-model'"), dead["reason"]
     bad = isolated("tiny-mamba2", 1, 3, "packed", {"block_p": 24}, a)
-    assert bad["status"] == "crashed" and bad["ms"] is None
-    assert bad["reason"].startswith("exit 1: ValueError: tree scan: block_p must be a power of two"), bad["reason"]
+    assert bad["status"] == "refused" and bad["ms"] is None and bad["launch"] == {"block_p": 24}
+    assert bad["reason"].startswith("tree scan: block_p must be a power of two"), bad["reason"]
     good = isolated("tiny-mamba2", 1, 3, "packed", {"readout": "tf32x3"}, a)
     assert good["status"] == "ok" and good["ms"] > 0 and good["rel"] < 1e-5 and good["launch"] == {"readout": "tf32x3"}
 

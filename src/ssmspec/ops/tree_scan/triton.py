@@ -17,9 +17,11 @@ and exactly k ancestors-or-self of t after it: a reverse prefix count over t's m
 any depth table. Where the tree above t is shallower than k, the tap reads the committed conv state.
 
 The readout C_t S0ᵀ runs over the state width in steps of BLOCK_R columns (one step by default): at 64 nodes
-and N = 128 a whole fp32 C tile and state tile at once are 64 KB of registers a program. Its products are exact
-fp32 ("ieee") by default, or tf32x3 / tf32 on tensor cores (``scan_launch``'s ``readout``). The diagonal node
-block reuses the rows' A_tree; only blocks before it compute their columns'.
+and N = 128 a whole fp32 C tile and state tile at once are 64 KB of registers a program. Its products are one
+tf32 product on tensor cores by default for 16-bit inputs (a relative error near 4e-4, ten times below the
+rounding of the bf16 y it feeds) and exact fp32 ("ieee") for fp32 inputs; tf32x3 is the middle
+(``scan_launch``'s ``readout``). The diagonal node block reuses the rows' A_tree; only blocks before it
+compute their columns'.
 
 Neither kernel writes state (an autotuner could replay them safely), but their block sizes are fixed by
 hand (``_scan_blocks``, ``scan_launch``) so that no first call inside a CUDA-graph capture has to benchmark;
@@ -220,18 +222,23 @@ READOUTS = {"ieee": 0, "tf32x3": 1, "tf32": 2}  # precision of the checkpoint re
 def _scan_blocks(L: int, P: int) -> tuple[int, int, int]:
     """(BLOCK_T, BLOCK_P, num_warps), by hand. A whole STree tree (up to 64 nodes, seed 003 uses 13-63) is one
     node block, so A_tree and every C·B pair come from one tile; tl.dot needs >= 16 on every side. With
-    P = 64 one program covers a head (mamba2-2.7b: 80 programs at batch 1, each two 64x128x64 GEMMs)."""
+    P = 64 one program covers a head (mamba2-2.7b: 80 programs at batch 1, each two 64x128x64 GEMMs). Eight
+    warps: the fastest of the sweep (``bench/tree_scan_sweep``) at depths 4, 5 and 6 on an H200."""
     bt = min(64, max(16, triton.next_power_of_2(L)))
     bp = min(64, max(16, triton.next_power_of_2(P)))
-    return bt, bp, 4
+    return bt, bp, 8
 
 
 def scan_launch(L: int, P: int, N: int, *, block_p: int | None = None, num_warps: int | None = None,
-                readout_block: int | None = None, readout: str = "ieee") -> dict:
-    """The launch of ``tree_scan_triton``: the defaults of ``_scan_blocks`` (the whole state width read out at
-    once, exact fp32 products) where an option is None. ``block_p``: P columns a program (a power of two >= 16;
-    smaller gives more programs); ``readout_block``: state columns per step of the readout (a power of two,
-    16 .. the padded N); ``readout``: "ieee", "tf32x3" or "tf32" (``_readout``). Bad values raise ValueError."""
+                readout_block: int | None = None, readout: str | None = None, half: bool = True) -> dict:
+    """The launch of ``tree_scan_triton``: the defaults of ``_scan_blocks`` and the whole state width read out
+    at once where an option is None. ``block_p``: P columns a program (a power of two >= 16; smaller gives more
+    programs); ``readout_block``: state columns per step of the readout (a power of two, 16 .. the padded N);
+    ``readout``: "ieee", "tf32x3" or "tf32" (``_readout``; None: "tf32" when the inputs are 16-bit, ``half``,
+    else "ieee"). Bad values raise ValueError, and so does the one launch Triton 3.6 miscompiles: 64 nodes a
+    program, fewer than 64 P columns and 4 warps, with the readout over 128 or more state columns in one step,
+    reads past its shared memory in the store of y (compute-sanitizer on an H200: an invalid __shared__ read,
+    whatever the readout's precision)."""
     bt, bp, nw = _scan_blocks(L, P)
     bn = max(16, triton.next_power_of_2(N))
 
@@ -240,13 +247,20 @@ def scan_launch(L: int, P: int, N: int, *, block_p: int | None = None, num_warps
             raise ValueError(f"tree scan: {name} must be a power of two in [{lo}, {hi}], got {v}")
         return v
 
+    if readout is None:
+        readout = "tf32" if half else "ieee"
     if readout not in READOUTS:
         raise ValueError(f"tree scan: readout must be one of {', '.join(READOUTS)}, got {readout!r}")
-    return dict(BLOCK_T=bt, BLOCK_N=bn,
-                BLOCK_P=bp if block_p is None else pow2("block_p", block_p, 16, 128),
-                BLOCK_R=bn if readout_block is None else pow2("readout_block", readout_block, 16, bn),
-                num_warps=nw if num_warps is None else pow2("num_warps", num_warps, 1, 16),
-                READOUT=READOUTS[readout])
+    cfg = dict(BLOCK_T=bt, BLOCK_N=bn,
+               BLOCK_P=bp if block_p is None else pow2("block_p", block_p, 16, 128),
+               BLOCK_R=bn if readout_block is None else pow2("readout_block", readout_block, 16, bn),
+               num_warps=nw if num_warps is None else pow2("num_warps", num_warps, 1, 16),
+               READOUT=READOUTS[readout])
+    if cfg["BLOCK_T"] == 64 and cfg["BLOCK_P"] < 64 and cfg["num_warps"] == 4 and cfg["BLOCK_R"] >= 128:
+        raise ValueError(f"tree scan: block_p={cfg['BLOCK_P']} with 4 warps and the readout in one step of "
+                         f"{cfg['BLOCK_R']} columns faults on the GPU at {L} nodes (a Triton 3.6 shared-memory "
+                         f"bug); use num_warps=8 or readout_block=64")
+    return cfg
 
 
 def _mask_arg(tree_mask: Tensor | None, bsz: int, L: int, device) -> tuple[Tensor, tuple[int, int, int]]:
@@ -283,7 +297,7 @@ def tree_scan_triton(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor,
     if B.dtype != x.dtype or C.dtype != x.dtype:
         raise ValueError(f"B and C must have x's dtype {x.dtype} for the Triton tree scan, got {B.dtype}, {C.dtype}")
     mask, ms = _mask_arg(tree_mask, bsz, L, x.device)
-    cfg = scan_launch(L, P, N, **launch)
+    cfg = scan_launch(L, P, N, half=x.dtype != torch.float32, **launch)
     y = torch.empty_like(x)
     if L == 0:
         return y
