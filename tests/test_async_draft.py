@@ -315,16 +315,20 @@ def _cuda_pair(preset: str, *, noise: float, vocab: int | None = None):
 def test_captured_rounds_equal_eager_with_every_backup(backup, temperature):
     """Captured rounds equal eager ones for every backup, greedy and sampled: the tokens, the cache counters and the
     number of rounds whose backup ran (the backup graph replays only where the host read a miss, and its draws,
-    the random backup's too, advance with it), with rounds that skipped the backup among them."""
-    vocab = None if temperature == 0.0 else V_SMALL
+    the random backup's too, advance with it), with rounds that skipped the backup among them. A round skips it
+    only when every row hits: sampled, a vocabulary of 3 with two bonus candidates cached at every depth, and 24
+    rounds, make that near certain (on the CPU, with other draws: 9-14 of 24 rounds skip it, for each backup and
+    three seeds; with 6 tokens and fanout 2, 2, 1, 1, 1 a row hit about a third of the time, and 12 rounds of 3
+    rows once had no such round)."""
+    vocab = None if temperature == 0.0 else 3
     target, draft = _cuda_pair("tiny-mamba2", noise=0.05 if vocab is None else 0.3, vocab=vocab)
     prompts = PROMPTS if vocab is None else [[t % vocab for t in p] for p in PROMPTS]
     sampling = SamplingConfig(temperature=temperature, seed=5)
-    steps, runs = 12, []
+    steps, runs = (12 if vocab is None else 24), []
     for graphed in (False, True):
-        d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], backup=backup,
-                         temperature=temperature, residual_scale=0.5 if temperature else 1.0)
-        eng = Engine(target, batch=len(prompts), prefill_len=6, max_new_tokens=3 * NEW, strategy="snapshot",
+        d = make_drafter("async_draft", draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1] if vocab is None else [2] * 5,
+                         backup=backup, temperature=temperature, residual_scale=0.5 if temperature else 1.0)
+        eng = Engine(target, batch=len(prompts), prefill_len=6, max_new_tokens=(S + 1) * steps, strategy="snapshot",
                      drafter=d, sampling=sampling, cuda_graph=graphed)
         ids, valid = _pad_left(prompts, 0, "cuda")
         eng.prefill(ids, valid, prompts)
