@@ -418,3 +418,41 @@ def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature, preset):
     with pytest.raises(ValueError, match="must both be CUDA devices"):
         generate(build_model(cfg, seed=0), PROMPTS, max_new_tokens=4, strategy="snapshot",
                  drafter=make_drafter("async_draft", draft="tiny-mamba2", draft_device="cuda:1"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_first_round_on_a_second_gpu_waits_for_the_draft_prefill():
+    """The draft's prefill and slot tables are queued on the draft GPU's current stream, which the engine's
+    (non-blocking) streams there never wait on: a sleep queued ahead of them delays them past the first round's
+    speculation unless the drafter finishes them before the rounds start. Seen as a sampled run on cuda:1 that
+    left the cuda:0 run at its second token, once in four runs on a loaded machine; the sleep makes it certain."""
+    cfg = load_preset("tiny-mamba2")
+    target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
+    sampling = SamplingConfig(temperature=1.0, seed=5)
+    opts = dict(draft_len=S, fanout=[2, 2, 1, 1, 1], backup="draft", temperature=1.0, residual_scale=0.5)
+    runs = []
+    for device in (None, "cuda:1"):
+        draft = build_model(cfg, seed=1, device=device or "cuda:0", dtype=torch.float32)
+        d = make_drafter("async_draft", draft=draft, draft_device=device, **opts)
+        with torch.cuda.device(device or "cuda:0"):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of the draft GPU's current stream, ahead of the prefill
+        out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling)
+        runs.append((out.sequences, d.hit_counts()))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_targets_own_gpu_as_draft_device_is_refused():
+    """On one GPU the transfer path's streams would not be ordered (a copy within a GPU fences one stream): naming
+    the target's GPU as the draft device fails with the fix; the same-device draft (draft_device=null) runs."""
+    cfg = load_preset("tiny-mamba2")
+    target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
+    draft = build_model(cfg, seed=1, device="cuda:0", dtype=torch.float32)
+    d = make_drafter("async_draft", draft=draft, draft_device="cuda:0", draft_len=S)
+    with pytest.raises(ValueError, match="is the target's own GPU: set draft_device=null"):
+        generate(target, PROMPTS, max_new_tokens=4, strategy="snapshot", drafter=d)
+    d = make_drafter("async_draft", draft=draft, draft_device=None, draft_len=S)
+    out = generate(target, PROMPTS, max_new_tokens=8, strategy="snapshot", drafter=d)
+    assert out.sequences == generate(target, PROMPTS, max_new_tokens=8, strategy="autoregressive").sequences

@@ -130,6 +130,10 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         cache and the counters (fixed shapes)."""
         dev = torch.device(device)  # the target's device: the lookup and everything the engine reads
         dev_d = resolve_draft_device(self._draft_device, dev)
+        if dev_d is not None and dev_d.type == "cuda" and dev_d == dev:
+            raise ValueError(f"draft_device {dev_d} is the target's own GPU: set draft_device=null there (the draft "
+                             f"on its own stream of that GPU) or name a second GPU; the transfer path orders its "
+                             f"streams through cross-device copies, which one GPU does not have")
         if dev_d is not None and self._draft_model is not None and self._draft_model.device != dev_d:
             raise ValueError(f"draft model {self._draft_cfg.name} lives on {self._draft_model.device} but "
                              f"draft_device is {dev_d}; load it there (models.loading.load_model(..., device="
@@ -178,6 +182,11 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         else:
             self.bonus_d, self.src_d, self.drafts_d = self.bonus, self.src, self.drafts
             self.cache_d, self.branch_q_d = self.cache, self.branch_q
+        if self.remote and dd.type == "cuda":
+            # the draft's prefill and the slot tables above were queued on the draft GPU's current stream; the
+            # engine's streams there (created non-blocking) never wait on it, so the first round's speculation
+            # could read slots the prefill has not written yet: finish them before any round starts
+            torch.cuda.synchronize(dd)
         self._fresh = True  # host flag: the first round reads the pending token from the buffer
 
     def _attention(self, eng, dd) -> None:

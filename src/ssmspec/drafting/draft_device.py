@@ -3,8 +3,10 @@ its own (``draft_device``: e.g. ``cuda:1``, the draft on a second GPU; seed 002'
 
 ``resolve_draft_device`` checks a requested device before anything is allocated and names the fix when it cannot
 run: a malformed name, a GPU this machine does not have (or that CUDA_VISIBLE_DEVICES hides), a CUDA draft for a CPU
-target or the reverse. Naming the target's own device is allowed: the drafter then runs its two-device path (every
-transfer, same streams) on one device -- what the CPU tests use to check the transfers.
+target or the reverse. Naming the target's own CPU is allowed: the drafter then runs its two-device path (every
+transfer) on one device -- what the CPU tests use to check the transfers. Naming the target's own GPU is refused when
+the drafter starts (``AsyncDraft.reset``): that path orders its streams through cross-device copies, which fence the
+streams of both devices, and a copy within one GPU fences only one.
 """
 from __future__ import annotations
 
