@@ -422,11 +422,22 @@ def test_draft_on_a_second_gpu_equals_one_gpu(backup, temperature, preset):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_first_round_on_a_second_gpu_waits_for_the_draft_prefill():
-    """The draft's prefill and slot tables are queued on the draft GPU's current stream, which the engine's
-    (non-blocking) streams there never wait on: a sleep queued ahead of them delays them past the first round's
-    speculation unless the drafter finishes them before the rounds start. Seen as a sampled run on cuda:1 that
-    left the cuda:0 run at its second token, once in four runs on a loaded machine; the sleep makes it certain."""
+def test_first_round_on_a_second_gpu_waits_for_the_drafters_reset(monkeypatch):
+    """The drafter's reset queues work on the draft GPU's current stream after its last cross-device copy (the slot
+    tables of the branches, the zeroed transfer buffers), and the engine's streams there (non-blocking) never wait
+    on that stream: the drafter must finish it before the first round. A sleep queued inside that window (before
+    the branches' slot table) makes a drafter that does not finish it read unwritten slots and have its transfer
+    buffers zeroed mid-run. Seen without the sleep as a sampled cuda:1 run that left the cuda:0 run at its second
+    token, once in four runs on a loaded machine (2db93b9)."""
+    import ssmspec.drafting.async_draft as async_draft
+    real = async_draft.branch_depths
+
+    def late(fanout, device=None):  # the reset's call for the branches' slot table on the draft GPU
+        if device is not None and torch.device(device) == torch.device("cuda:1"):
+            with torch.cuda.device("cuda:1"):
+                torch.cuda._sleep(400_000_000)  # ~0.2 s of the draft GPU's current stream
+        return real(fanout, device=device)
+
     cfg = load_preset("tiny-mamba2")
     target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
     sampling = SamplingConfig(temperature=1.0, seed=5)
@@ -435,8 +446,8 @@ def test_first_round_on_a_second_gpu_waits_for_the_draft_prefill():
     for device in (None, "cuda:1"):
         draft = build_model(cfg, seed=1, device=device or "cuda:0", dtype=torch.float32)
         d = make_drafter("async_draft", draft=draft, draft_device=device, **opts)
-        with torch.cuda.device(device or "cuda:0"):
-            torch.cuda._sleep(200_000_000)  # ~0.1 s of the draft GPU's current stream, ahead of the prefill
+        if device is not None:
+            monkeypatch.setattr(async_draft, "branch_depths", late)
         out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling)
         runs.append((out.sequences, d.hit_counts()))
     assert runs[0] == runs[1]
