@@ -385,7 +385,10 @@ def test_experiment_gpus_is_a_count_and_reproduce_pins_that_many(tmp_path, monke
         seen.update({j.name: j.slots for j in jobs})
         return []
 
-    monkeypatch.setattr("hydra_plugins.ssmspec_launcher.gpu_queue.run_queue", fake_queue)
+    # the module itself, not its dotted name: pytest resolves a name through attributes of the hydra_plugins
+    # namespace package, which lack a subpackage no earlier test of the worker imported
+    from hydra_plugins.ssmspec_launcher import gpu_queue
+    monkeypatch.setattr(gpu_queue, "run_queue", fake_queue)
     for profile, want in (("gpu", 2), ("cpu", 1)):
         plan = reproduce.Plan(profile, False, tmp_path, tmp_path / "results", tmp_path / "figures")
         reproduce.run_experiments([demo], plan, [("0",), ("1",)] if profile == "gpu" else [()])
