@@ -81,6 +81,35 @@ def slots(profile: str, jobs: str | None) -> list[tuple[str, ...]]:
     return found if jobs == "auto" else found[:int(jobs)]
 
 
+def gpu_shortfall(exps, profile: str, jobs: str | None, queue_slots: list[tuple[str, ...]], *,
+                  save_reference: bool) -> list[str]:
+    """Notes for the experiments that take more GPUs (``experiment.gpus``) than this reproduction's slots: the
+    queue runs them on the slots there are, and their rows that need the rest are ``skipped``. Raises
+    ValueError where ``--jobs`` alone is the cause (the machine shows enough GPUs) and the run would save a
+    reference: a reference with rows skipped for a setting the user can fix is a wrong record."""
+    if profile != "gpu" or not queue_slots or not queue_slots[0]:
+        return []
+    from hydra_plugins.ssmspec_launcher.gpu_queue import make_slots
+    from hydra_plugins.ssmspec_launcher.launcher import resolve_devices
+
+    shown = len(make_slots(resolve_devices(None)))
+    notes = []
+    for e in exps:
+        if e.gpus <= len(queue_slots):
+            continue
+        if shown >= e.gpus:
+            line = (f"--jobs {jobs} gives {e.id} {len(queue_slots)} GPU(s), but it runs on {e.gpus} and this "
+                    f"machine shows {shown}: its rows that need the others would be skipped; use --jobs auto "
+                    f"(or --jobs {e.gpus} or more)")
+            if save_reference:
+                raise ValueError(line)
+            notes.append(f"reproduce: note: {line}")
+        else:
+            notes.append(f"reproduce: note: {e.id} runs on {e.gpus} GPUs and this machine shows {shown}: its rows "
+                         f"that need more are skipped (each says why)")
+    return notes
+
+
 def _finished_meanwhile(plan: Plan, exp_id: str, since: float) -> bool:
     """A child stopped by the signal may have moved its files into place just before it: its results.jsonl
     is then newer than its start."""
@@ -187,8 +216,11 @@ def reproduce(profile: str | None, only: str | None, *, allow_missing_baselines:
                 raise ValueError(f"unknown experiment(s) {unknown} in --only")
             exps = [e for e in exps if e.id in wanted]
         queue_slots = slots(profile, jobs)
+        notes = gpu_shortfall(exps, profile, jobs, queue_slots, save_reference=save_reference)
     except ValueError as e:
         return _error(str(e))
+    for line in notes:
+        print(line, flush=True)
     from ssmspec.summary import preflight
 
     missing = preflight(profile, allow_missing=allow_missing_baselines)  # before an hour of GPU runs, not after

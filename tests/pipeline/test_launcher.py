@@ -313,3 +313,41 @@ def test_reproduce_runs_experiments_at_once_with_logs(cli, tmp_path, monkeypatch
         assert re.search(rf"^\[{k}/2\] {name}: ok in \d+\.\d s on this machine$", out, re.M)
     assert not (tmp_path / "results").exists()  # the committed references are left alone
     assert "on 2 slot(s)" in out and "sum of job times" in out
+
+
+def test_reproduce_notes_experiments_of_more_gpus_than_its_slots(monkeypatch, fake_gpus):
+    """An experiment of ``gpus: 2`` on one slot runs with its second-GPU rows skipped: reproduce says so before it
+    starts, and refuses to save such a reference where ``--jobs`` alone caused it (the machine shows two)."""
+    from types import SimpleNamespace
+
+    from ssmspec.reproduce import gpu_shortfall, slots
+
+    two, one = SimpleNamespace(id="two_gpu", gpus=2), SimpleNamespace(id="one_gpu", gpus=1)
+    fake_gpus("g0", "g1")
+    assert gpu_shortfall([two, one], "gpu", "auto", slots("gpu", "auto"), save_reference=True) == []
+    assert gpu_shortfall([two, one], "cpu", "auto", slots("cpu", "auto"), save_reference=True) == []
+    assert gpu_shortfall([one], "gpu", "1", slots("gpu", "1"), save_reference=True) == []
+    fix = "use --jobs auto (or --jobs 2 or more)"
+    assert gpu_shortfall([two, one], "gpu", "1", slots("gpu", "1"), save_reference=False) == [
+        "reproduce: note: --jobs 1 gives two_gpu 1 GPU(s), but it runs on 2 and this machine shows 2: its rows "
+        f"that need the others would be skipped; {fix}"]
+    with pytest.raises(ValueError, match=re.escape(fix)):
+        gpu_shortfall([two], "gpu", "1", slots("gpu", "1"), save_reference=True)
+    fake_gpus("g0")  # a machine of one GPU: the rows are skipped and say why; a note, also for a reference
+    assert gpu_shortfall([two], "gpu", "auto", slots("gpu", "auto"), save_reference=True) == [
+        "reproduce: note: two_gpu runs on 2 GPUs and this machine shows 1: its rows that need more are skipped "
+        "(each says why)"]
+
+
+def test_reproduce_refuses_a_reference_that_jobs_would_cut_short(cli, tmp_path, monkeypatch, fake_gpus):
+    import torch
+
+    fake_gpus("g0", "g1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the gpu profile resolves; nothing runs
+    monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
+    status, out, err = cli("reproduce", "--profile", "gpu", "--only", "saguaro_e2e", "--jobs", "1",
+                           "--save-reference")
+    assert status != 0
+    assert err.strip() == ("error: --jobs 1 gives saguaro_e2e 1 GPU(s), but it runs on 2 and this machine shows 2: "
+                           "its rows that need the others would be skipped; use --jobs auto (or --jobs 2 or more)")
+    assert not (tmp_path / "results").exists() and not (tmp_path / "runs").exists()
