@@ -429,14 +429,14 @@ def test_first_round_on_a_second_gpu_waits_for_the_drafters_reset(monkeypatch):
     the host-to-device copy of the branches' depths, before the kernel that gathers their slot table from it)
     makes a drafter that does not finish it read an unwritten slot table. Seen without the sleep as a sampled
     cuda:1 run that left the cuda:0 run at its second token, once in four runs on a loaded machine (2db93b9).
-    The sleep must follow every host-synchronising call of the reset: one queued before the depths' copy (which
-    waits for the stream) delayed only the host, and the test passed with the synchronisation removed (H200,
-    a880a86)."""
+    The sleep must follow every host-synchronising call of the reset: one queued before the depths' computation
+    (whose repeat_interleave reads a size on the host) delayed only the host, and the test passed with the
+    synchronisation removed (H200, a880a86); this version failed twice with it removed (two H200s, 143db63)."""
     import ssmspec.drafting.async_draft as async_draft
     real = async_draft.branch_depths
 
     def late(fanout, device=None):  # the reset's call for the branches' slot table on the draft GPU
-        out = real(fanout, device=device)  # its copy from the host returns once the draft GPU's stream reaches it
+        out = real(fanout, device=device)  # its repeat_interleave reads a size on the host: a sync, then the sleep
         if device is not None and torch.device(device) == torch.device("cuda:1"):
             with torch.cuda.device("cuda:1"):
                 torch.cuda._sleep(400_000_000)  # ~0.2 s of the draft GPU's current stream, before the gather
