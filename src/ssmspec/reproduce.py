@@ -89,10 +89,7 @@ def gpu_shortfall(exps, profile: str, jobs: str | None, queue_slots: list[tuple[
     reference: a reference with rows skipped for a setting the user can fix is a wrong record."""
     if profile != "gpu" or not queue_slots or not queue_slots[0]:
         return []
-    from hydra_plugins.ssmspec_launcher.gpu_queue import make_slots
-    from hydra_plugins.ssmspec_launcher.launcher import resolve_devices
-
-    shown = len(make_slots(resolve_devices(None)))
+    shown = len(slots(profile, "auto"))  # every GPU this machine shows (queue_slots may be --jobs' first few)
     notes = []
     for e in exps:
         if e.gpus <= len(queue_slots):
