@@ -426,7 +426,7 @@ def test_first_round_on_a_second_gpu_waits_for_the_drafters_reset(monkeypatch):
     """The drafter's reset queues work on the draft GPU's current stream after its last cross-device copy (the slot
     tables of the branches, the zeroed transfer buffers), and the engine's streams there (non-blocking) never wait
     on that stream: the drafter must finish it before the first round. A sleep queued inside that window (after
-    the host-to-device copy of the branches' depths, before the kernel that gathers their slot table from it)
+    the host-synchronising computation of the branches' depths, before the kernel that gathers their slot table)
     makes a drafter that does not finish it read an unwritten slot table. Seen without the sleep as a sampled
     cuda:1 run that left the cuda:0 run at its second token, once in four runs on a loaded machine (2db93b9).
     The sleep must follow every host-synchronising call of the reset: one queued before the depths' computation
