@@ -42,7 +42,7 @@ from ssmspec.ops.capture import capturing
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.gemv import MAX_M
 from ssmspec.ops.norm.naive import residual_dtype
-from ssmspec.ops.triton_common import check_float, dummy, silu
+from ssmspec.ops.triton_common import check_float, dummy, gdc_enter, pdl_args, silu
 
 _BLOCK_M = MAX_M  # the accumulator holds every row of h: the MMA N side, 16 wide
 _INTERPRET_BLOCKS = dict(BLOCK_N=16, BLOCK_K=32)
@@ -70,7 +70,9 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
                       M, N, K, k_split, group_size, eps, x_row, r_row, z_row, w_row, o_row, ro_row,
                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr,
                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      USE_GDC: tl.constexpr = False):
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py)
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)  # which of the SPLIT slices of K, each k_split channels (a multiple of BLOCK_K)
     ks0 = pid_k * k_split
@@ -238,7 +240,7 @@ def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, 
             out.stride(0), res_out.stride(0) if store else 0)
     flags = dict(NORM=norm, HAS_RESIDUAL=r2 is not None, STORE_RESIDUAL=store, HAS_BIAS=bias is not None,
                  IEEE=weight.dtype == torch.float32 or not x2.is_cuda, BLOCK_M=_BLOCK_M, SPLIT=split)
-    _norm_gemv_kernel[(blocks, split)](*args, **flags, **cfg)
+    _norm_gemv_kernel[(blocks, split)](*args, **flags, **cfg, **pdl_args(x2))
 
 
 def linear_small_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
