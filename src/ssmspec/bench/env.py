@@ -2,7 +2,7 @@
 
 Keys: time (UTC, ISO 8601), host, platform, python, cpu_count, torch_threads, device (cpu | cuda), device_name,
 device_count, device_memory_gb, compute_capability, driver, cuda (torch's CUDA build), torch, triton,
-transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, decode_fusion,
+transformers, ssmspec, git_sha, git_dirty, weights ("random" or the checkpoint path), ops_backend, decode_fusion, pdl, gemv_prefetch,
 and the provenance of ``ssmspec/provenance.py``: git_sha_from (git or SSMSPEC_GIT_SHA), source_hash (the hash of src/,
 conf/ and pyproject.toml as they ran), source_paths, source_commit (the commit with exactly that tree, checked
 where it ran, else None) and source_check (git | mismatch | unchecked).
@@ -79,6 +79,8 @@ def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") 
         "weights": weights,
         "ops_backend": os.environ.get("SSMSPEC_OPS_BACKEND", "auto"),
         "decode_fusion": os.environ.get("SSMSPEC_DECODE_FUSION", "default (gemv)"),  # the decode kernels (ops.dispatch)
+        "pdl": os.environ.get("SSMSPEC_PDL", "auto"),  # programmatic dependent launch (ops/triton_common.py)
+        "gemv_prefetch": os.environ.get("SSMSPEC_GEMV_PREFETCH", "default"),  # weight lines prefetched under PDL
     }
     if dev.type == "cuda":
         idx = dev.index if dev.index is not None else torch.cuda.current_device()

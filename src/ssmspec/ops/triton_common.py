@@ -1,9 +1,66 @@
-"""Helpers shared by the Triton kernels (imported lazily by the public ops, see ``ops.dispatch``)."""
+"""Helpers shared by the Triton kernels (imported lazily by the public ops, see ``ops.dispatch``).
+
+Programmatic dependent launch (PDL, Hopper and newer): a decode step at batch 1 is some 400 short kernels, and
+between two of them the GPU drains one grid before it starts the next. The decode kernels (GEMV, norms, conv
+update, state update) launch with PDL where ``pdl_args`` allows it: each calls ``gdc_enter`` first, which waits
+for the kernels before it to finish and their writes to be visible (``griddepcontrol.wait``), then lets the
+next kernel launch (``griddepcontrol.launch_dependents``); so the next grid is scheduled while this one runs and
+only its body waits. Every kernel that launches with PDL waits before it reads or writes anything, so the order
+of memory effects is the stream's. ``SSMSPEC_PDL``: ``auto`` (default; on for CUDA devices of compute
+capability 9.0 and newer), ``1`` (on; refused on older GPUs), ``0`` (off). Under the interpreter and on the CPU
+it is off.
+"""
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 import triton
 import triton.language as tl
+
+PDL_ENV = "SSMSPEC_PDL"
+_PDL_MODES = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}
+
+
+@functools.lru_cache(maxsize=None)
+def _hopper_or_newer(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_mode() -> str:
+    """``SSMSPEC_PDL`` as auto / on / off; anything else fails with the choices."""
+    raw = os.environ.get(PDL_ENV, "auto").strip().lower()
+    if raw not in _PDL_MODES:
+        raise ValueError(f"{PDL_ENV}={raw!r}: use auto (PDL on Hopper and newer GPUs), 1 (on) or 0 (off)")
+    return _PDL_MODES[raw]
+
+
+def pdl_enabled(t: torch.Tensor) -> bool:
+    """Whether the decode kernels on ``t``'s device launch with programmatic dependent launch (module doc)."""
+    mode = pdl_mode()
+    if mode == "off" or not t.is_cuda:
+        return False
+    capable = _hopper_or_newer(t.device.index if t.device.index is not None else torch.cuda.current_device())
+    if mode == "on" and not capable:
+        raise ValueError(f"{PDL_ENV}=1 needs a GPU of compute capability 9.0 or newer ({t.device} is "
+                         f"{torch.cuda.get_device_name(t.device)}); set {PDL_ENV}=auto or 0")
+    return capable
+
+
+def pdl_args(t: torch.Tensor) -> dict:
+    """Launch arguments of a PDL-aware kernel for tensors on ``t``'s device: its ``USE_GDC`` flag and, when on,
+    Triton's ``launch_pdl`` launch option."""
+    return {"USE_GDC": True, "launch_pdl": True} if pdl_enabled(t) else {"USE_GDC": False}
+
+
+@triton.jit
+def gdc_enter(USE_GDC: tl.constexpr):
+    """First statement of a PDL-aware kernel (module doc): wait for the kernels before it, then let the next
+    one launch. Compiled out when ``USE_GDC`` is False."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

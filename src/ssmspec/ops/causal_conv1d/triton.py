@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ssmspec.ops.triton_common import dummy, silu
+from ssmspec.ops.triton_common import dummy, gdc_enter, pdl_args, silu
 
 _BLOCK_C = 256  # 256 channels x 2 B: each warp moves 128-byte rows; conv_dim ~ 10-20k gives 40-80 programs a row
 
@@ -31,7 +31,9 @@ def _tap(x_ptr, st_ptr, i, offs_c, mask_c, x_l, x_c, s_c, s_w, W1: tl.constexpr)
 def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr, keep_ptr, save_ptr, L, Cdim,
                         x_b, x_l, x_c, s_b, s_c, s_w, w_c, w_w, y_b, y_l, y_c, v_b, v_l, v_c,
                         W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, UPDATE: tl.constexpr,
-                        HAS_SLOTS: tl.constexpr, HAS_KEEP: tl.constexpr, SAVE: tl.constexpr, BLOCK_C: tl.constexpr):
+                        HAS_SLOTS: tl.constexpr, HAS_KEEP: tl.constexpr, SAVE: tl.constexpr, BLOCK_C: tl.constexpr,
+                        USE_GDC: tl.constexpr = False):
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py)
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < Cdim
@@ -146,7 +148,7 @@ def _launch(x: Tensor, st: Tensor, weight: Tensor, bias: Tensor | None, *, activ
                               *(save.stride() if save is not None else (0, 0, 0)),
                               W=weight.shape[1], HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"),
                               UPDATE=update, HAS_SLOTS=src is not None, HAS_KEEP=keep is not None,
-                              SAVE=save is not None, BLOCK_C=_BLOCK_C, num_warps=4)
+                              SAVE=save is not None, BLOCK_C=_BLOCK_C, num_warps=4, **pdl_args(x))
     return y
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -42,7 +43,7 @@ from ssmspec.ops.capture import capturing
 from ssmspec.ops.dispatch import interpret_mode
 from ssmspec.ops.gemv import MAX_M
 from ssmspec.ops.norm.naive import residual_dtype
-from ssmspec.ops.triton_common import check_float, dummy, silu
+from ssmspec.ops.triton_common import check_float, dummy, gdc_enter, pdl_args, silu
 
 _BLOCK_M = MAX_M  # the accumulator holds every row of h: the MMA N side, 16 wide
 _INTERPRET_BLOCKS = dict(BLOCK_N=16, BLOCK_K=32)
@@ -66,11 +67,24 @@ def _prologue(x_ptr, r_ptr, z_ptr, rm, rk, mask, x_row, r_row, z_row,
 
 
 @triton.jit
+def _prefetch_rows(w_ptr, rn, n_mask, w_row, k0, k_hi, LINES: tl.constexpr, LINE: tl.constexpr):
+    """L2 prefetch of the first LINES 128-byte lines (LINE elements each) of this program's weight rows from
+    column k0 on: one ``prefetch.global.L2`` a line, no registers held (lines past the slice or the rows name the
+    weight's first element instead, a harmless repeat)."""
+    cols = k0 + tl.arange(0, LINES) * LINE  # (LINES,)
+    ok = n_mask[:, None] & (cols < k_hi)[None, :]
+    ptrs = tl.where(ok, w_ptr + rn[:, None] * w_row + cols[None, :], w_ptr)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_out_ptr, part_ptr, cnt_ptr,
                       M, N, K, k_split, group_size, eps, x_row, r_row, z_row, w_row, o_row, ro_row,
                       NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr,
                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      USE_GDC: tl.constexpr = False, PREFETCH_LINES: tl.constexpr = 0, LINE: tl.constexpr = 64):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)  # which of the SPLIT slices of K, each k_split channels (a multiple of BLOCK_K)
     ks0 = pid_k * k_split
@@ -78,6 +92,10 @@ def _norm_gemv_kernel(x_ptr, r_ptr, z_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, res_ou
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # (BLOCK_N,) output columns of this program
     rm = tl.arange(0, BLOCK_M)  # (BLOCK_M,) rows of x
     n_mask, m_mask = rn < N, rm < M
+    if USE_GDC:
+        if PREFETCH_LINES > 0:  # the weights never depend on the kernels before: start their stream before the wait
+            _prefetch_rows(w_ptr, rn, n_mask, w_row, ks0, ks1, PREFETCH_LINES, LINE)
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py): nothing above reads memory but W
     W_TY: tl.constexpr = w_ptr.dtype.element_ty
     RES_TY: tl.constexpr = res_out_ptr.dtype.element_ty
     X_TY: tl.constexpr = x_ptr.dtype.element_ty
@@ -144,6 +162,24 @@ def _epilogue(acc, b_ptr, out_ptr, rn, rm, n_mask, m_mask, o_row, W_TY: tl.const
     out_ty = out_ptr.dtype.element_ty
     tl.store(out_ptr + rm[None, :] * o_row + rn[:, None], acc.to(W_TY).to(out_ty),
              mask=n_mask[:, None] & m_mask[None, :])
+
+
+PREFETCH_ENV = "SSMSPEC_GEMV_PREFETCH"
+PREFETCH_DEFAULT = 8  # 128-byte lines a weight row: two 256-column chunks of bf16 (a guess until a GPU sweep)
+
+
+def prefetch_lines() -> int:
+    """Lines of each weight row a PDL launch prefetches before its wait: ``SSMSPEC_GEMV_PREFETCH`` (a power of two
+    up to 64, or 0), default ``PREFETCH_DEFAULT``."""
+    raw = os.environ.get(PREFETCH_ENV, str(PREFETCH_DEFAULT))
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n != 0 and (n < 0 or n > 64 or n & (n - 1)):
+        raise ValueError(f"{PREFETCH_ENV}={raw!r}: give a power of two up to 64 (128-byte lines of each weight row "
+                         f"prefetched before a PDL launch waits) or 0 for none")
+    return n
 
 
 def _sm_count(device: torch.device) -> int:
@@ -238,7 +274,10 @@ def _launch(x2, r2, z2, nw, weight, bias, out, res_out, *, M, N, K, group_size, 
             out.stride(0), res_out.stride(0) if store else 0)
     flags = dict(NORM=norm, HAS_RESIDUAL=r2 is not None, STORE_RESIDUAL=store, HAS_BIAS=bias is not None,
                  IEEE=weight.dtype == torch.float32 or not x2.is_cuda, BLOCK_M=_BLOCK_M, SPLIT=split)
-    _norm_gemv_kernel[(blocks, split)](*args, **flags, **cfg)
+    pdl = pdl_args(x2)
+    if pdl["USE_GDC"]:  # lines of each weight row to prefetch before the wait (SSMSPEC_GEMV_PREFETCH; 0: none)
+        pdl.update(PREFETCH_LINES=prefetch_lines(), LINE=128 // weight.element_size())
+    _norm_gemv_kernel[(blocks, split)](*args, **flags, **cfg, **pdl)
 
 
 def linear_small_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

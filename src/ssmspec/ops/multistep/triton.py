@@ -16,7 +16,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ssmspec.ops.multistep.naive import check_multistep_shapes
-from ssmspec.ops.triton_common import check_float, discretize, dummy, has_limit, limit_args, silu
+from ssmspec.ops.triton_common import check_float, discretize, dummy, gdc_enter, has_limit, limit_args, pdl_args, silu
 
 
 @triton.jit
@@ -34,7 +34,9 @@ def _ssm_update_kernel(
     HAS_ROW: tl.constexpr, HAS_COUNT: tl.constexpr, SNAPSHOT: tl.constexpr, STORE_FINAL: tl.constexpr,
     OUTPUT: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_GDC: tl.constexpr = False,
 ):
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py)
     pid_p = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
@@ -152,7 +154,7 @@ def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tenso
         HAS_ROW=rows is not None, HAS_COUNT=count is not None, SNAPSHOT=dst is not None, STORE_FINAL=store_final,
         OUTPUT=output, HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus, HAS_LIMIT=has_limit(dt_limit), BLOCK_P=bp, BLOCK_N=triton.next_power_of_2(N),
-        num_warps=nw,
+        num_warps=nw, **pdl_args(x),
     )
     return y
 

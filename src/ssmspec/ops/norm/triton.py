@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ssmspec.ops.norm.naive import residual_dtype
-from ssmspec.ops.triton_common import check_float, dummy, silu
+from ssmspec.ops.triton_common import check_float, dummy, gdc_enter, pdl_args, silu
 
 _MAX_D = 16384
 
@@ -25,7 +25,9 @@ def _warps(block: int) -> int:
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, d, eps, x_row, res_row, y_row, ro_row,
-                         HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RESIDUAL: tl.constexpr, STORE_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_GDC: tl.constexpr = False):
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < d
@@ -44,7 +46,8 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, res_out_ptr, d, eps, x_ro
 
 @triton.jit
 def _gated_rms_norm_kernel(y_ptr, z_ptr, w_ptr, out_ptr, group_size, eps, y_row, z_row, o_row,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, USE_GDC: tl.constexpr = False):
+    gdc_enter(USE_GDC)  # programmatic dependent launch (ops/triton_common.py)
     row = tl.program_id(0)
     offs = tl.program_id(1) * group_size + tl.arange(0, BLOCK)  # channels of this group
     mask = tl.arange(0, BLOCK) < group_size
@@ -88,7 +91,7 @@ def add_rms_norm_triton(x: Tensor, residual: Tensor | None, weight: Tensor, *, e
         _add_rms_norm_kernel[(T,)](x2, r2 if r2 is not None else dummy(x), weight, y, res_out if store else dummy(x),
                                    d, float(eps), x2.stride(0), r2.stride(0) if r2 is not None else 0, d, d,
                                    HAS_RESIDUAL=r2 is not None, STORE_RESIDUAL=store, BLOCK=block,
-                                   num_warps=_warps(block))
+                                   num_warps=_warps(block), **pdl_args(x2))
     return y, res_out
 
 
@@ -107,5 +110,6 @@ def gated_rms_norm_triton(y: Tensor, z: Tensor, weight: Tensor, *, group_size: i
     if T:
         block = triton.next_power_of_2(group_size)
         _gated_rms_norm_kernel[(T, d // group_size)](y2, z2, weight, out, group_size, float(eps), y2.stride(0),
-                                                      z2.stride(0), d, BLOCK=block, num_warps=_warps(block))
+                                                      z2.stride(0), d, BLOCK=block, num_warps=_warps(block),
+                                                      **pdl_args(y2))
     return out
