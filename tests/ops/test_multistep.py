@@ -329,6 +329,24 @@ def test_launch_options_reach_the_kernel(form, device, monkeypatch):
         call(num_stages=0)
 
 
+def test_multistep_sweep_smoke(device, tmp_path):
+    """``python -m ssmspec.bench.multistep_sweep --tiny``: every launch of the reduced grid runs and matches the
+    default launch (prefetch and stages bit for bit), the chunk scan says why it is missing, and the JSON lines
+    written are the rows returned."""
+    import json
+
+    from ssmspec.bench.multistep_sweep import TINY_GRID, launches, main
+    if device != "cpu":
+        pytest.skip("the --tiny smoke runs under the interpreter")
+    rows = main(["--tiny", "--out", str(tmp_path / "rows.jsonl")])
+    assert rows == [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    fused = [r for r in rows if r["impl"] == "fused"]
+    assert [{k: r[k] for k in TINY_GRID} for r in fused] == launches(TINY_GRID)
+    assert all(r["status"] == "ok" and r["same_bits"] and r["rel"] < 1e-5 and r["ms_p50"] > 0 for r in fused)
+    assert sum(r["default"] for r in fused) == 1
+    assert rows[-1]["impl"] == "chunk_scan_mamba_ssm" and rows[-1]["status"] in ("ok", "skipped")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("preset", [pytest.param((112, 64, 8, 128), id="nemotron-h-4b"),
                                     pytest.param((80, 64, 1, 128), id="mamba2-2.7b")])
