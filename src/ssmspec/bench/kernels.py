@@ -151,6 +151,22 @@ def ssu_fn(impl: str, ssu_mamba, st: torch.Tensor, inp: dict, t: int = 0, **bloc
     return lambda: selective_state_update(st, x, dt, inp["A"], B, C, inp["D"], None, inp["dt_bias"], True)
 
 
+def fused_fn(st: torch.Tensor, inp: dict, **launch) -> Callable[[], object]:
+    """Our fused multi-step update of every token of ``inp`` on state ``st``: ``ssm_multistep`` (the kernel on
+    CUDA, the twin on CPU), or with launch options (``ssm_multistep_triton``'s) the kernel under them."""
+    args = (st, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
+    if not launch:
+        return lambda: ssm_multistep(*args, dt_bias=inp["dt_bias"], dt_softplus=True)
+    from ssmspec.ops.multistep.triton import ssm_multistep_triton
+    return lambda: ssm_multistep_triton(*args, dt_bias=inp["dt_bias"], dt_softplus=True, **launch)
+
+
+def chunk_scan_fn(chunk_m: Callable, st: torch.Tensor, inp: dict, chunk_size: int) -> Callable[[], object]:
+    """mamba_ssm's ``mamba_chunk_scan_combined`` over every token of ``inp`` from state ``st`` (final state out)."""
+    return lambda: chunk_m(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk_size=chunk_size, D=inp["D"],
+                           dt_bias=inp["dt_bias"], dt_softplus=True, initial_states=st, return_final_states=True)
+
+
 def chain(fns: list[Callable[[], object]]) -> Callable[[], None]:
     def run() -> None:
         for f in fns:
@@ -189,13 +205,17 @@ def run_kernel_parity(cfg: DictConfig) -> Iterator[dict]:
 
 
 # snl_tab1_kernels -------------------------------------------------------------------------------------
-SNL_IMPLS = ("loop_ours", "loop_mamba_ssm", "chunk_scan_mamba_ssm", "fused_ours")
+SNL_LAUNCH = {"fused_ours_prefetch": dict(prefetch=True), "fused_ours_stages2": dict(num_stages=2)}
+SNL_IMPLS = ("loop_ours", "loop_mamba_ssm", "chunk_scan_mamba_ssm", "fused_ours", *SNL_LAUNCH)
 
 
 def run_snl_tab1(cfg: DictConfig) -> Iterator[dict]:
     """Multi-token update of L tokens (seed 001, Table 1): a loop of single-token kernels (ours and mamba_ssm's),
     mamba_ssm's ``mamba_chunk_scan_combined`` (initial state in, final state out) and our fused multi-step
-    kernel (state loaded once, L tokens in registers, every output written, final state stored once)."""
+    kernel (state loaded once, L tokens in registers, every output written, final state stored once).
+    ``SNL_LAUNCH`` names the fused kernel under a launch option it does not take by default (goal P3: the next
+    token's operands prefetched, or the token loop in Triton's pipeliner); these are Triton launches, so their
+    rows say ``status: skipped`` on CPU, where ``fused_ours`` times the reference twin."""
     b = cfg.bench
     unknown = [i for i in b.impls if i not in SNL_IMPLS]
     if unknown:  # before any measurement
@@ -215,20 +235,19 @@ def run_snl_tab1(cfg: DictConfig) -> Iterator[dict]:
                 if impl in ("loop_mamba_ssm", "chunk_scan_mamba_ssm") and ssu_m is None:
                     yield dict(base, impl=impl, status="skipped", reason=why)
                     continue
+                if impl in SNL_LAUNCH and not ctx.cuda:
+                    yield dict(base, impl=impl, status="skipped", reason="a launch option of the Triton kernel: "
+                               "needs CUDA")
+                    continue
                 states = random_states(rot, (bsz, H, P, N), ctx.device)
                 if impl == "loop_ours":
                     fns = [ssu_fn("ours", None, s, inp, t) for s in states for t in range(L)]
                 elif impl == "loop_mamba_ssm":
                     fns = [ssu_fn("mamba_ssm", ssu_m, s, inp, t) for s in states for t in range(L)]
-                elif impl == "fused_ours":
-                    fns = [(lambda s=s: ssm_multistep(s, inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
-                                                      inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True))
-                           for s in states]
+                elif impl == "fused_ours" or impl in SNL_LAUNCH:
+                    fns = [fused_fn(s, inp, **SNL_LAUNCH.get(impl, {})) for s in states]
                 else:  # chunk_scan_mamba_ssm
-                    fns = [(lambda s=s: chunk_m(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"],
-                                                chunk_size=int(b.chunk_size), D=inp["D"], dt_bias=inp["dt_bias"],
-                                                dt_softplus=True, initial_states=s, return_final_states=True))
-                           for s in states]
+                    fns = [chunk_scan_fn(chunk_m, s, inp, int(b.chunk_size)) for s in states]
                 samples = ctx.time(chain(fns), per_call=rot)
                 yield ctx.row(samples, loop if impl.startswith("loop") else once, **base, impl=impl)
                 del states
