@@ -383,6 +383,28 @@ def test_bad_draft_device_fails_when_built(device, match):
         make_drafter("async_draft", draft="tiny-mamba2", draft_device=device)
 
 
+def test_the_targets_own_gpu_is_refused_before_anything_runs(monkeypatch):
+    """``resolve_draft_device`` (the drafter's reset and saguaro_e2e's row planning both ask it) refuses the target's
+    own GPU with the fix, by index or through a target named ``cuda`` (the current GPU); a second GPU is the draft's
+    and a CUDA draft for a CPU target is refused. Two GPUs faked: nothing is allocated."""
+    from ssmspec.drafting.draft_device import resolve_draft_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    own = "is the target's own GPU: set draft_device=null"
+    with pytest.raises(ValueError, match=own):
+        resolve_draft_device("cuda:0", torch.device("cuda:0"))
+    with pytest.raises(ValueError, match=own):
+        resolve_draft_device("cuda:1", torch.device("cuda"))
+    assert resolve_draft_device("cuda:1", torch.device("cuda:0")) == torch.device("cuda:1")
+    assert resolve_draft_device("cuda:0", torch.device("cuda")) == torch.device("cuda:0")
+    assert resolve_draft_device("same", torch.device("cuda:0")) is None
+    with pytest.raises(ValueError, match="cannot serve a target on cpu"):
+        resolve_draft_device("cuda:1", torch.device("cpu"))
+    assert resolve_draft_device("cpu", torch.device("cpu")) == torch.device("cpu")  # the CPU tests' transfer path
+
+
 def test_remote_drafter_refuses_the_engine_less_proposal():
     d = make_drafter("async_draft", draft="tiny-mamba2", draft_device="cpu")
     with pytest.raises(ValueError, match="runs through the engine only"):

@@ -129,11 +129,7 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         """Prefill the draft on ``prompts`` (on its own device when ``draft_device`` names one); allocate the
         cache and the counters (fixed shapes)."""
         dev = torch.device(device)  # the target's device: the lookup and everything the engine reads
-        dev_d = resolve_draft_device(self._draft_device, dev)
-        if dev_d is not None and dev_d.type == "cuda" and dev_d == dev:
-            raise ValueError(f"draft_device {dev_d} is the target's own GPU: set draft_device=null there (the draft "
-                             f"on its own stream of that GPU) or name a second GPU; the transfer path orders its "
-                             f"streams through cross-device copies, which one GPU does not have")
+        dev_d = resolve_draft_device(self._draft_device, dev)  # the target's own GPU is refused there
         if dev_d is not None and self._draft_model is not None and self._draft_model.device != dev_d:
             raise ValueError(f"draft model {self._draft_cfg.name} lives on {self._draft_model.device} but "
                              f"draft_device is {dev_d}; load it there (models.loading.load_model(..., device="

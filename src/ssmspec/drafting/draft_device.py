@@ -4,9 +4,10 @@ its own (``draft_device``: e.g. ``cuda:1``, the draft on a second GPU; seed 002'
 ``resolve_draft_device`` checks a requested device before anything is allocated and names the fix when it cannot
 run: a malformed name, a GPU this machine does not have (or that CUDA_VISIBLE_DEVICES hides), a CUDA draft for a CPU
 target or the reverse. Naming the target's own CPU is allowed: the drafter then runs its two-device path (every
-transfer) on one device -- what the CPU tests use to check the transfers. Naming the target's own GPU is refused when
-the drafter starts (``AsyncDraft.reset``): that path orders its streams through cross-device copies, which fence the
-streams of both devices, and a copy within one GPU fences only one.
+transfer) on one device -- what the CPU tests use to check the transfers. Naming the target's own GPU is refused:
+that path orders its streams through cross-device copies, which fence the streams of both devices, and a copy
+within one GPU fences only one (the drafter checks when it starts, ``AsyncDraft.reset``; benches before they time,
+``bench/saguaro_e2e.remote_drafts``).
 """
 from __future__ import annotations
 
@@ -40,8 +41,14 @@ def parse_draft_device(spec) -> torch.device | None:
 
 def resolve_draft_device(spec, target: torch.device) -> torch.device | None:
     """The draft's device for a target on ``target`` (None: the target's device, no transfers)."""
-    dev = parse_draft_device(spec)
-    if dev is not None and dev.type != torch.device(target).type:
+    dev, target = parse_draft_device(spec), torch.device(target)
+    if dev is not None and dev.type != target.type:
         raise ValueError(f"draft_device {dev} cannot serve a target on {target}: the draft and the target must both "
                          f"be CUDA devices (or both CPU); set draft_device=null")
+    if dev is not None and dev.type == "cuda":
+        index = target.index if target.index is not None else torch.cuda.current_device()
+        if dev.index == index:
+            raise ValueError(f"draft_device {dev} is the target's own GPU: set draft_device=null there (the draft on "
+                             f"its own stream of that GPU) or name a second GPU; the transfer path orders its streams "
+                             f"through cross-device copies, which one GPU does not have")
     return dev
