@@ -157,15 +157,16 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("launch,L", LAUNCH_L)
 @pytest.mark.parametrize("dtype,opts", LAUNCH_CASES)
 def test_launch_option_is_bitwise_the_default(dtype, opts, launch, L, device):
-    """prefetch and num_stages move loads, not arithmetic: y and every state row equal the default launch's bit
-    for bit (update_count 0 and < L, the replay form included), and the twin's within tolerance."""
+    """prefetch and num_stages move loads, not arithmetic: y and every state row equal the plain launch's
+    (prefetch off, one stage: the default prefetches at these small grids) bit for bit (update_count 0 and < L,
+    the replay form included), and the twin's within tolerance."""
     from ssmspec.ops.multistep.triton import ssm_multistep_triton
 
     inp = mamba_inputs(**_launch_shape(L), L=L, dtype=dtype, device=device)
     kw, s0, live = _setup(inp, opts, device)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"])
     st_d, st_o, st_r = s0.clone(), s0.clone(), s0.clone()
-    y_d = ssm_multistep_triton(st_d, *args, **kw)
+    y_d = ssm_multistep_triton(st_d, *args, **kw, prefetch=False, num_stages=1)
     y_o = ssm_multistep_triton(st_o, *args, **kw, **launch)
     y_r = ssm_multistep(st_r, *args, backend="reference", **kw)
     assert torch.equal(_bits(st_o), _bits(st_d))
@@ -194,7 +195,7 @@ def test_snapshot_launch_option_is_bitwise_the_default(launch, L, device):
     kw = dict(dt_bias=inp["dt_bias"], z=inp["z"], src_slot=src, dst_slots=dst)
     args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], inp["D"])
     p_d, p_o, p_r = pool.clone(), pool.clone(), pool.clone()
-    y_d = ssm_multistep_snapshot_triton(p_d, *args, **kw)
+    y_d = ssm_multistep_snapshot_triton(p_d, *args, **kw, prefetch=False, num_stages=1)  # the plain launch
     y_o = ssm_multistep_snapshot_triton(p_o, *args, **kw, **launch)
     y_r = ssm_multistep_snapshot(p_r, *args, backend="reference", **kw)
     assert torch.equal(_bits(y_o), _bits(y_d)) and torch.equal(_bits(p_o), _bits(p_d))
@@ -239,7 +240,8 @@ def _addresses(t: torch.Tensor, upto=None) -> set[int]:
     return set((t.data_ptr() + t.element_size() * offs.flatten()).tolist())
 
 
-@pytest.mark.parametrize("launch", [pytest.param({}, id="default"), pytest.param(dict(prefetch=True), id="prefetch")])
+@pytest.mark.parametrize("launch", [pytest.param(dict(prefetch=False), id="plain"),
+                                    pytest.param(dict(prefetch=True), id="prefetch")])
 @pytest.mark.parametrize("form", ["update_count", "replay-form", "snapshot"])
 def test_loads_stay_inside_the_computed_tokens(form, launch, memory_trace, device):
     """Every element loaded belongs to a token the sequence computes -- tokens < update_count[b] in the replay
@@ -276,8 +278,8 @@ def test_loads_stay_inside_the_computed_tokens(form, launch, memory_trace, devic
 
 
 def test_prefetch_loads_the_next_token_before_computing_this_one(memory_trace, device):
-    """The order of one program's accesses: the default loads x of token t, then stores y of token t; prefetch
-    loads token t + 1's x before it stores y of token t (and token 0's before the loop)."""
+    """The order of one program's accesses: without prefetch, x of token t is loaded, then y of token t stored;
+    prefetch loads token t + 1's x before it stores y of token t (and token 0's before the loop)."""
     from ssmspec.ops.multistep.triton import ssm_multistep_triton
 
     L = 4
@@ -301,9 +303,10 @@ def test_prefetch_loads_the_next_token_before_computing_this_one(memory_trace, d
 
 @pytest.mark.parametrize("form", ["multistep", "snapshot"])
 def test_launch_options_reach_the_kernel(form, device, monkeypatch):
-    """Both launchers hand prefetch / num_stages to the kernel as PREFETCH / NUM_STAGES (left out: off and 1, the
-    default until a GPU sweep says otherwise), and refuse a stage count below 1. The interpreter runs
-    tl.range(..., num_stages) as a plain loop, so only this sees NUM_STAGES arrive."""
+    """Both launchers hand prefetch / num_stages to the kernel as PREFETCH / NUM_STAGES (left out: the rule's
+    prefetch, on at this small grid of L = 3 tokens, and 1 stage; a given prefetch=False stays off), and refuse
+    a stage count below 1. The interpreter runs tl.range(..., num_stages) as a plain loop, so only this sees
+    NUM_STAGES arrive."""
     from ssmspec.ops.multistep import triton as mt
 
     seen = []
@@ -324,9 +327,79 @@ def test_launch_options_reach_the_kernel(form, device, monkeypatch):
 
     for launch in ({}, dict(prefetch=True), dict(num_stages=2), dict(prefetch=False, num_stages=1)):
         call(**launch)
-    assert seen == [(False, 1), (True, 1), (False, 2), (False, 1)]
+    assert mt.default_launch(2, 3, 2, 8, 8, mt.sm_count(torch.device(device)))["prefetch"]
+    assert seen == [(True, 1), (True, 1), (True, 2), (False, 1)]
     with pytest.raises(ValueError, match="num_stages must be an int >= 1"):
         call(num_stages=0)
+
+
+@pytest.mark.parametrize("preset", ["mamba2-2.7b", "nemotron-h-4b"])
+def test_default_prefetch_follows_the_grid(preset):
+    """The default prefetches where the GPU sweep (two H200s, L = 10) timed it faster -- the batch-16 grid of both
+    paper mixers -- and not at their batch-256 grid, where it was slower; never with one token; a given prefetch
+    is kept either way. The mixers' sizes are the presets', the SM count the measured GPUs'."""
+    from ssmspec.bench.kernels import mixer_sizes
+    from ssmspec.ops.multistep.triton import REFERENCE_SMS, default_launch
+
+    z = mixer_sizes(preset)
+
+    def plan(bsz, L=10, **given):
+        return default_launch(bsz, L, z["H"], z["P"], z["N"], REFERENCE_SMS, **given)
+
+    for bsz, on in ((16, True), (256, False)):
+        got = plan(bsz)
+        bp = got["block_p"]
+        assert got["grid"] == (-(-z["P"] // bp), bsz, z["H"]), got
+        assert got["prefetch"] is on, (bsz, got)
+        assert plan(bsz, prefetch=not on)["prefetch"] is (not on)  # an explicit choice is kept
+    assert not plan(16, L=1)["prefetch"]
+
+
+@pytest.mark.parametrize("form", ["multistep", "replay-form", "snapshot"])
+def test_default_prefetch_is_bitwise_the_plain_launch(form, device, monkeypatch):
+    """Where the rule says prefetch (a small grid, L > 1), the launch without options runs the kernel with
+    PREFETCH on and gives y and the state bit for bit as an explicit prefetch=False launch: prefetch only moves
+    loads."""
+    from ssmspec.ops.multistep import triton as mt
+
+    bsz, L, H, P, G, N = 3, 5, 2, 24, 1, 16
+    assert mt.default_launch(bsz, L, H, P, N, mt.sm_count(torch.device(device)))["prefetch"]
+    kernel, seen = mt._ssm_update_kernel, []
+
+    class Spy:  # records PREFETCH, then runs the kernel
+        def __getitem__(self, grid):
+            def run(*args, **consts):
+                seen.append(consts["PREFETCH"])
+                return kernel[grid](*args, **consts)
+            return run
+
+    monkeypatch.setattr(mt, "_ssm_update_kernel", Spy())
+    inp = mamba_inputs(bsz, L, H, P, G, N, torch.bfloat16, device)
+    args = (inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"])
+    if form == "snapshot":
+        pool = _state(bsz + bsz * L, H, P, N, device)  # slots 0..bsz-1: the starts; then one a token
+        src = torch.tensor([1, 0, 2], device=device)
+        dst = (bsz + torch.arange(bsz * L, device=device)).view(bsz, L)
+        dst[0, -1] = -1  # no store
+        kw = dict(dt_bias=inp["dt_bias"], z=inp["z"], src_slot=src, dst_slots=dst)
+        p_d, p_o = pool.clone(), pool.clone()
+        y_d = mt.ssm_multistep_snapshot_triton(p_d, *args, inp["D"], **kw)
+        y_o = mt.ssm_multistep_snapshot_triton(p_o, *args, inp["D"], **kw, prefetch=False)
+        same_state = torch.equal(_bits(p_d), _bits(p_o))
+    else:
+        opts = dict(D=True, z=True, dt_bias=True, rows=True, count=True) if form == "multistep" else \
+            dict(dt_bias=True, count=True, output=False)
+        kw, s0, _ = _setup(inp, opts, device)
+        st_d, st_o = s0.clone(), s0.clone()
+        y_d = mt.ssm_multistep_triton(st_d, *args, **kw)
+        y_o = mt.ssm_multistep_triton(st_o, *args, **kw, prefetch=False)
+        same_state = torch.equal(_bits(st_d), _bits(st_o))
+    assert seen == [True, False]
+    assert same_state
+    if y_d is None:
+        assert y_o is None
+    else:
+        assert torch.equal(_bits(y_d), _bits(y_o))
 
 
 def test_multistep_sweep_smoke(device, tmp_path):
@@ -354,7 +427,8 @@ def test_multistep_sweep_smoke(device, tmp_path):
 @pytest.mark.parametrize("launch", [pytest.param({}, id="default"), pytest.param(PREFETCH, id="prefetch"),
                                     pytest.param(STAGES2, id="stages2")])
 def test_multistep_large(preset, L, launch, device):
-    """The paper's mixers; a launch option gives the default launch's y and states bit for bit."""
+    """The paper's mixers; a launch option gives the plain launch's (no prefetch, one stage) y and states bit for
+    bit."""
     from ssmspec.ops.multistep.triton import ssm_multistep_triton
 
     H, P, G, N = preset
@@ -369,5 +443,5 @@ def test_multistep_large(preset, L, launch, device):
     assert_close(st_k, st_r, (1e-3, 1e-3), "state")
     if launch:
         st_d = s0.clone()
-        y_d = ssm_multistep_triton(st_d, *args, **kw)
+        y_d = ssm_multistep_triton(st_d, *args, **kw, prefetch=False, num_stages=1)  # the plain launch
         assert torch.equal(_bits(y_k), _bits(y_d)) and torch.equal(_bits(st_k), _bits(st_d))

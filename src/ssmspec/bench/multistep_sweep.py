@@ -13,12 +13,12 @@ events over ``--iters`` replays after ``--warmup``; rows carry the raw samples, 
 fraction. Inputs are bf16 on the GPU (fp32 under the interpreter), the state fp32.
 
 Before it is timed, each launch runs once from one fixed state: ``rel`` is the norm-relative difference of its y
-from the default launch's (``_blocks``' choice; block_p and num_warps change the order of the y = S C reduction,
-so rounding moves), and ``same_bits`` says whether y and the state equal, bit for bit, those of the same blocks
-with neither prefetch nor stages -- those two only move loads, so False is a bug: the row is ``BAD``, as is one
-with ``rel`` over 1e-2. A launch the GPU cannot hold (OutOfResources) is a ``failed`` row. Prints one table per
-point, fastest first, with each launch's time against the default launch and the chunk scan; ``--out`` writes
-every row as a JSON line.
+from the default launch's (the kernel's own choice at that batch on that GPU, ``default_launch``: prefetch is on
+for a small grid; block_p and num_warps change the order of the y = S C reduction, so rounding moves), and
+``same_bits`` says whether y and the state equal, bit for bit, those of the same blocks with neither prefetch nor
+stages -- those two only move loads, so False is a bug: the row is ``BAD``, as is one with ``rel`` over 1e-2. A
+launch the GPU cannot hold (OutOfResources) is a ``failed`` row. Prints one table per point, fastest first, with
+each launch's time against the default launch and the chunk scan; ``--out`` writes every row as a JSON line.
 
 ``--tiny`` (the default without CUDA) runs the tiny-mamba2 mixer, 2 tokens at batch 1, over a reduced grid under
 the CPU interpreter (TRITON_INTERPRET=1, set here before the kernels are imported): a smoke test of the options
@@ -46,11 +46,14 @@ def launches(grid: dict) -> list[dict]:
     return [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
 
 
-def default_launch(P: int, N: int, L: int) -> dict:
-    from ssmspec.ops.multistep.triton import _blocks
+def default_launch(bsz: int, L: int, H: int, P: int, N: int, device) -> dict:
+    """The launch ``ssm_multistep_triton`` takes when given no option, on ``device`` (its SM count decides
+    prefetch: ``ops/multistep/triton.py:_default_prefetch``), as a row of ``launches``."""
+    from ssmspec.ops.multistep.triton import default_launch as kernel_default
+    from ssmspec.ops.multistep.triton import sm_count
 
-    bp, nw, pf = _blocks(P, N, L)
-    return dict(block_p=bp, num_warps=nw, prefetch=pf, num_stages=1)
+    d = kernel_default(bsz, L, H, P, N, sm_count(device))
+    return dict(block_p=d["block_p"], num_warps=d["num_warps"], prefetch=d["prefetch"], num_stages=1)
 
 
 def run_point(ctx, preset: str, bsz: int, L: int, grid: dict, a) -> list[dict]:
@@ -71,7 +74,7 @@ def run_point(ctx, preset: str, bsz: int, L: int, grid: dict, a) -> list[dict]:
         st = s0.clone()
         return fused_fn(st, inp, **launch)(), st
 
-    default = default_launch(P, N, L)
+    default = default_launch(bsz, L, H, P, N, ctx.device)
     y_default = once(default)[0].float()
     plain = (None, None, None)  # (block_p, num_warps) of the group so far, its y and state without prefetch, stages
     states = random_states(rot, (bsz, H, P, N), ctx.device)

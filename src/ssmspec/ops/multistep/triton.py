@@ -12,9 +12,12 @@ Two launch options try to hide the per-token load latency (issue P3: at L = 10 t
 nor FLOP-bound, each token waits for its own x, dt, B, C loads): ``PREFETCH`` issues token t + 1's loads before
 token t is computed and carries them in loop variables (software double buffering), ``NUM_STAGES`` > 1 hands
 the token loop to Triton's pipeliner instead. The arithmetic per token is the same, so both give the default's
-outputs and states bit for bit.
+outputs and states bit for bit. ``PREFETCH`` is on by default where a GPU sweep timed it faster -- several tokens
+and a small grid (``_default_prefetch``); ``NUM_STAGES`` stays 1 (never faster in that sweep).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -166,22 +169,71 @@ def _ssm_update_kernel(
             tl.store(s_ptrs, s, mask=mask_pn)
 
 
-def _blocks(P: int, N: int, L: int) -> tuple[int, int, bool]:
-    """(BLOCK_P, num_warps, prefetch) per shape class, picked by hand from sweeps on an H100 (kernel_parity's ``sweep``
+def _blocks(P: int, N: int, L: int) -> tuple[int, int]:
+    """(BLOCK_P, num_warps) per shape class, picked by hand from sweeps on an H100 (kernel_parity's ``sweep``
     rows for L = 1; for L = 10 at batch 16 / 256 on the Nemotron-H-4B mixer: 16 rows at 1 warp 86 / 1123 us,
     at 2 warps 91 / 1170 us, at 4 warps 96 / 1324 us; 8 rows at 1 warp 91 / 1140 us, 32 rows at 4 warps
     97 / 1272 us, 8 rows at 4 warps 121 / 1795 us). A kernel that writes state in place is never autotuned.
     One program holds BLOCK_P x N fp32 of state; for L = 1 a tile of 8 rows keeps every thread on 16-byte
     vectors while the grid still fills the GPU at batch 1; with several tokens the per-token row reduction of
     y = S C dominates, and one warp keeps it inside the warp (shuffles, no shared-memory round trip).
-    Prefetching the next token's operands (P3) is off everywhere until a GPU sweep
-    (``python -m ssmspec.bench.multistep_sweep``) has timed it; with one token there is nothing to prefetch."""
+    (The P3 sweep of 2026-11-27 on two H200s found block_p 8 at 1 warp with prefetch 68.3 us against 74.3 us at
+    16 rows for nemotron-h-4b at batch 16, L = 10: one shape on one model, not enough to move these.)
+    Whether the next token's operands are prefetched depends on the grid too: ``_default_prefetch``."""
     n = triton.next_power_of_2(N)
     if L <= 1:
         bp = 4 if n >= 256 else max(4, 1024 // n)  # ~1k state elements per program
-        return min(bp, triton.next_power_of_2(P)), 4, False
+        return min(bp, triton.next_power_of_2(P)), 4
     bp = max(8, 2048 // n)
-    return min(bp, triton.next_power_of_2(P)), 1, False
+    return min(bp, triton.next_power_of_2(P)), 1
+
+
+PREFETCH_MAX_PROGRAMS_PER_SM = 64  # the default prefetches while the grid has at most this many programs an SM
+REFERENCE_SMS = 132  # H100 SXM and H200, where the rule was measured: the SM count off a GPU (the interpreter)
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of a CUDA device; ``REFERENCE_SMS`` elsewhere, so that the interpreter takes the launch a GPU of the
+    measured kind would take."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return REFERENCE_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _default_prefetch(L: int, programs: int, sms: int) -> bool:
+    """Whether a launch that does not say prefetches token t + 1's operands (``PREFETCH``): with several tokens
+    (L > 1; one token has nothing to prefetch) and a grid of at most ``PREFETCH_MAX_PROGRAMS_PER_SM`` programs an
+    SM (``programs``: P blocks x batch x heads, ``sms``: the GPU's SMs).
+
+    Measured on two H200s (132 SMs), 2026-11-27, L = 10, at ``_blocks``' block_p 16 and 1 warp:
+    ``python -m ssmspec.bench.multistep_sweep --batch 16``: nemotron-h-4b 77.6 -> 74.3 us with prefetch
+    (7,168 programs, 54 an SM), mamba2-2.7b 60.1 -> 56.1 us (5,120 programs, 39 an SM); snl_tab1_kernels: 4-6%
+    faster with prefetch at batch 16 on both models, 4-5% slower at batch 256 (mamba2-2.7b 719 -> 748 us with
+    81,920 programs, 621 an SM; nemotron-h-4b 999 -> 1048 us with 114,688, 869 an SM). A small grid leaves
+    each SM few programs to switch between while one waits for its loads, so issuing the next token's loads
+    early hides that wait; a large grid hides it by switching, and the prefetch's extra live registers (one
+    more token's x, B, C, z) only cost occupancy. Nothing between 54 and 621 programs an SM was timed: 64 keeps
+    the default to the measured wins (batch up to 18 of nemotron-h-4b, 26 of mamba2-2.7b); a sweep at batch
+    32-128 would place the threshold. num_stages 2 was never faster (equal or slower in the sweep, 10-19%
+    slower in snl_tab1_kernels), so it stays off."""
+    return L > 1 and programs <= PREFETCH_MAX_PROGRAMS_PER_SM * sms
+
+
+def default_launch(bsz: int, L: int, H: int, P: int, N: int, sms: int, *, block_p: int | None = None,
+                   num_warps: int | None = None, prefetch: bool | None = None) -> dict:
+    """The launch of a call with those sizes on a GPU of ``sms`` SMs: the options given, the rest ``_blocks``'
+    and ``_default_prefetch``'s (which looks at the grid of the block_p taken); ``grid`` is the kernel's."""
+    bp, nw = _blocks(P, N, L)
+    bp, nw = block_p or bp, num_warps or nw
+    grid = (triton.cdiv(P, bp), bsz, H)
+    pf = _default_prefetch(L, grid[0] * bsz * H, sms) if prefetch is None else bool(prefetch)
+    return dict(block_p=bp, num_warps=nw, prefetch=pf, grid=grid)
 
 
 def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor | None,
@@ -199,12 +251,12 @@ def _launch(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tenso
         check_float(name, t)
     check_float("dt", dt)
     y = torch.empty_like(x) if output else None
-    bp, nw, pf = _blocks(P, N, L)
-    bp, nw, pf = block_p or bp, num_warps or nw, pf if prefetch is None else bool(prefetch)
+    plan = default_launch(bsz, L, H, P, N, sm_count(x.device), block_p=block_p, num_warps=num_warps,
+                          prefetch=prefetch)
+    bp, nw, pf, grid = plan["block_p"], plan["num_warps"], plan["prefetch"], plan["grid"]
     lo, hi = limit_args(dt_limit)
     yt = y if y is not None else x  # unread / unwritten when not OUTPUT
     zs = z.stride() if z is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(P, bp), bsz, H)
     _ssm_update_kernel[grid](
         state, x, dt, A, B, C, D if D is not None else dummy(x), z if z is not None else dummy(x),
         dt_bias if dt_bias is not None else dummy(x), yt,
@@ -237,8 +289,9 @@ def ssm_multistep_triton(state: Tensor, x: Tensor, dt: Tensor, A: Tensor, B: Ten
                          num_warps: int | None = None, prefetch: bool | None = None,
                          num_stages: int | None = None) -> Tensor | None:
     """Triton form of ``ssm_multistep`` (same arguments; see ``ssmspec.ops.multistep``) with launch options
-    (None: ``_blocks``' choice): ``block_p`` (state rows a program) and ``num_warps``; ``prefetch`` loads token
-    t + 1's operands while token t is computed (off by default for now: not yet timed on a GPU); ``num_stages``
+    (None: ``default_launch``'s choice): ``block_p`` (state rows a program) and ``num_warps``; ``prefetch`` loads
+    token t + 1's operands while token t is computed (default: on for L > 1 and a small grid,
+    ``_default_prefetch``; True / False force it); ``num_stages``
     > 1 pipelines the token loop with Triton's own pipeliner (``tl.range(..., num_stages)``; 1: the plain
     loop). ``prefetch`` and ``num_stages`` only move loads: y and the state stay the same bit for bit."""
     bsz = x.shape[0]
