@@ -205,7 +205,10 @@ def run_kernel_parity(cfg: DictConfig) -> Iterator[dict]:
 
 
 # snl_tab1_kernels -------------------------------------------------------------------------------------
-SNL_LAUNCH = {"fused_ours_prefetch": dict(prefetch=True), "fused_ours_stages2": dict(num_stages=2)}
+# fused_ours is the kernel's default launch (prefetch on for a small grid: ops/multistep/triton.py's
+# _default_prefetch); _prefetch and _noprefetch force that option either way, so every batch compares both
+SNL_LAUNCH = {"fused_ours_prefetch": dict(prefetch=True), "fused_ours_noprefetch": dict(prefetch=False),
+              "fused_ours_stages2": dict(num_stages=2)}
 SNL_IMPLS = ("loop_ours", "loop_mamba_ssm", "chunk_scan_mamba_ssm", "fused_ours", *SNL_LAUNCH)
 
 
@@ -213,9 +216,10 @@ def run_snl_tab1(cfg: DictConfig) -> Iterator[dict]:
     """Multi-token update of L tokens (seed 001, Table 1): a loop of single-token kernels (ours and mamba_ssm's),
     mamba_ssm's ``mamba_chunk_scan_combined`` (initial state in, final state out) and our fused multi-step
     kernel (state loaded once, L tokens in registers, every output written, final state stored once).
-    ``SNL_LAUNCH`` names the fused kernel under a launch option it does not take by default (goal P3: the next
-    token's operands prefetched, or the token loop in Triton's pipeliner); these are Triton launches, so their
-    rows say ``status: skipped`` on CPU, where ``fused_ours`` times the reference twin."""
+    ``SNL_LAUNCH`` names the fused kernel under a launch option given explicitly (goal P3: the next token's
+    operands prefetched or not, whatever the default picks at that grid; or the token loop in Triton's pipeliner,
+    the rest as by default); these are Triton launches, so their rows say ``status: skipped`` on CPU, where
+    ``fused_ours`` times the reference twin."""
     b = cfg.bench
     unknown = [i for i in b.impls if i not in SNL_IMPLS]
     if unknown:  # before any measurement
