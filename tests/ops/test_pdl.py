@@ -143,6 +143,9 @@ CASES = {
                                      SPLIT=2, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, PREFETCH_LINES=8, LINE=64),
              {**FP32, "cnt_ptr": "*i32"}),
 }
+# the multistep kernel as it launches by default at small grids: the next token's operands loaded a token ahead
+CASES["ssm_update_prefetch"] = (_ssm_update_kernel, dict(CASES["ssm_update"][1], BLOCK_P=16, PREFETCH=True),
+                                CASES["ssm_update"][2])
 
 
 def ptx(fn, constexprs, ptr_types):
@@ -163,7 +166,7 @@ out = {}
 for name, (fn, consts, ptrs) in CASES.items():
     on, off = ptx(fn, {**consts, "USE_GDC": True}, ptrs), ptx(fn, {**consts, "USE_GDC": False}, ptrs)
     out[name] = {k: [v.find(s) for s in ("griddepcontrol.wait", "griddepcontrol.launch_dependents",
-                                          "prefetch.global.L2")] for k, v in (("on", on), ("off", off))}
+                                          "prefetch.global.L2", "ld.global")] for k, v in (("on", on), ("off", off))}
 json.dump(out, sys.stdout)
 """
 
@@ -181,7 +184,9 @@ def test_pdl_kernels_compile_for_hopper():
     """Every PDL-aware kernel, with USE_GDC on, compiles ahead of time to a Hopper cubin (Triton's bundled ptxas: no
     GPU needed, and an instruction sm_90 lacks or a malformed inline asm fails here) that waits
     (griddepcontrol.wait) before it lets the next kernel launch; the GEMV prefetches its weight lines into L2
-    before that wait. With USE_GDC off none of it is compiled in. A subprocess: the tests here run the interpreter."""
+    before that wait, and every kernel's first load from global memory comes after it (the multistep kernel with
+    PREFETCH too, its default at small grids). With USE_GDC off none of it is compiled in. A subprocess: the tests
+    here run the interpreter."""
     import json
     import os
     import subprocess
@@ -192,15 +197,16 @@ def test_pdl_kernels_compile_for_hopper():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = json.loads(proc.stdout)
-    assert set(found) == {"add_rms_norm", "gated_rms_norm", "conv_update", "ssm_update", "gemv"}
+    assert set(found) == {"add_rms_norm", "gated_rms_norm", "conv_update", "ssm_update", "ssm_update_prefetch",
+                          "gemv"}
     for name, got in found.items():
-        wait, launch, prefetch = got["on"]
-        assert 0 <= wait < launch, (name, got)
+        wait, launch, prefetch, load = got["on"]
+        assert 0 <= wait < launch and wait < load, (name, got)
         if name == "gemv":
             assert 0 <= prefetch < wait, got  # the weights' lines before the wait
         else:
             assert prefetch == -1, (name, got)
-        assert got["off"] == [-1, -1, -1], (name, got)
+        assert got["off"][:3] == [-1, -1, -1] and got["off"][3] >= 0, (name, got)
 
 
 def test_prefetch_knob(monkeypatch):
