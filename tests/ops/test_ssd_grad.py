@@ -266,6 +266,49 @@ def test_launch_sweep_smoke(device, tmp_path):
     assert_grads_close(got, twin_grads(inp, up)[2], torch.bfloat16)
 
 
+
+class _Ev:  # the fields of a profiler event that kernel_table reads
+    def __init__(self, name, us, cuda=True, parent=None):
+        self.name, self.cpu_parent = name, parent
+        self.device_type = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+        self.device_time_total = us if cuda else 0.0
+        self.cpu_time_total = 0.0 if cuda else us
+
+
+def test_profile_table_counts_launches_and_time_per_call():
+    """``bench/ssd_grad_profile.kernel_table``: launches and microseconds per call, shares of the whole, longest
+    first; host events are not kernels on a GPU, nested host operators are not counted twice on CPU."""
+    from ssmspec.bench.ssd_grad_profile import kernel_table
+    ev = [_Ev("_fwd_save_kernel", 30.0), _Ev("_bwd_dx_kernel", 50.0), _Ev("_fwd_save_kernel", 30.0),
+          _Ev("_bwd_dx_kernel", 50.0), _Ev("Memset (Device)", 4.0), _Ev("aten::empty", 99.0, cuda=False)]
+    us, table = kernel_table(ev, 2, cuda=True)
+    assert us == pytest.approx(82.0)
+    assert [r["kernel"] for r in table] == ["_bwd_dx_kernel", "_fwd_save_kernel", "Memset (Device)"]
+    assert [r["per_call"] for r in table] == [1.0, 1.0, 0.5]
+    assert table[0]["us_per_call"] == pytest.approx(50.0) and sum(r["share"] for r in table) == pytest.approx(1.0)
+    host = [_Ev("SSDScanFunction", 10.0, cuda=False), _Ev("aten::mm", 7.0, cuda=False, parent=object())]
+    us, table = kernel_table(host, 1, cuda=False)
+    assert us == pytest.approx(10.0) and [r["kernel"] for r in table] == ["SSDScanFunction"]
+    with pytest.raises(ValueError, match="calls >= 1"):
+        kernel_table(ev, 0, cuda=True)
+
+
+def test_profile_smoke(tmp_path):
+    """``python -m ssmspec.bench.ssd_grad_profile --tiny``: our forward and backward are in the table, mamba_ssm's
+    row says why it is skipped, the JSON holds the rows printed; a malformed shape is one error."""
+    import json
+
+    from ssmspec.bench.ssd_grad_profile import main
+    rows = main(["--tiny", "--json", str(tmp_path / "prof.json")])
+    assert rows == json.loads((tmp_path / "prof.json").read_text())
+    ours = next(r for r in rows if r["impl"] == "ours")
+    names = [k["kernel"] for k in ours["kernels"]]
+    assert any("SSDScanFunctionBackward" in n for n in names) and "SSDScanFunction" in names
+    assert ours["us_per_call"] > 0 and sum(k["share"] for k in ours["kernels"]) <= 1.0 + 1e-9
+    assert next(r for r in rows if r["impl"] == "mamba_ssm")["status"] == "skipped"
+    with pytest.raises(SystemExit, match="mixer:batch:seqlen"):
+        main(["--tiny", "--shapes", "seed004:16"])
+
 # GPU: the paper's sizes -------------------------------------------------------------------------------------
 GPU_SHAPES = [  # (batch, L, H, P, G, N)
     pytest.param(2, 4099, 32, 64, 4, 128, id="H32-G4-N128-L4099"),
@@ -301,3 +344,15 @@ def test_gpu_matches_mamba_ssm_backward():
     _, _, ref = grads(mamba, inp, up)
     bad = {k: rel_err(got[k], ref[k]) for k in ref if not rel_err(got[k], ref[k]) < 2e-2}
     assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_gpu_profile_sees_our_four_kernels():
+    """On a GPU the profile's table holds the forward's kernel and the backward's three, and their time."""
+    from ssmspec.bench.ssd_grad_profile import main
+    rows = main(["--shapes", "seed004:2:4096", "--iters", "2", "--warmup", "1"])
+    ours = next(r for r in rows if r["impl"] == "ours")
+    names = " ".join(k["kernel"] for k in ours["kernels"])
+    for k in ("_fwd_save_kernel", "_bwd_dx_kernel", "_bwd_dbc_kernel", "_bwd_dstate_kernel"):
+        assert k in names
+    assert sum(k["share"] for k in ours["kernels"]) <= 1.0 + 1e-9 and ours["us_per_call"] > 0
