@@ -266,7 +266,6 @@ def test_launch_sweep_smoke(device, tmp_path):
     assert_grads_close(got, twin_grads(inp, up)[2], torch.bfloat16)
 
 
-
 class _Ev:  # the fields of a profiler event that kernel_table reads
     def __init__(self, name, us, cuda=True, parent=None):
         self.name, self.cpu_parent = name, parent
@@ -308,6 +307,7 @@ def test_profile_smoke(tmp_path):
     assert next(r for r in rows if r["impl"] == "mamba_ssm")["status"] == "skipped"
     with pytest.raises(SystemExit, match="mixer:batch:seqlen"):
         main(["--tiny", "--shapes", "seed004:16"])
+
 
 # GPU: the paper's sizes -------------------------------------------------------------------------------------
 GPU_SHAPES = [  # (batch, L, H, P, G, N)

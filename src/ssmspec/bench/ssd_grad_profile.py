@@ -7,8 +7,9 @@
 Per shape (mixer:batch:seqlen, as ``bench/ssd_grad_sweep``: ``seed004`` or a model preset's Mamba-2 mixer) and
 implementation (``ours``: ``ops/ssd_grad`` at its launch defaults; ``mamba_ssm``: ``mamba_chunk_scan_combined``,
 chunk 256, where it imports and x has fewer than 2^31 elements), ``--iters`` calls of forward +
-``torch.autograd.grad`` of every input (the calls ``experiment=ssd_kernel_fwdbwd`` times, inputs from
-``bench/ssd_grad_sweep.inputs``) run under the profiler after ``--warmup`` calls. The table gives, per kernel
+``torch.autograd.grad`` of every input against y and the final state (the calls of ``experiment=ssd_kernel_fwdbwd``,
+``bench/ssd_grad.ours_call`` on the Triton backend and ``mamba_call``; inputs and gradients as
+``bench/ssd_grad_sweep``) run under the profiler after ``--warmup`` calls. The table gives, per kernel
 name, its launches and device microseconds per call and its share of the call's kernel time, longest first, and
 the total: the kernel time of one forward + backward (not its wall time: launch gaps are not in it). On CPU
 (``--tiny``, or no CUDA) the kernels run under the Triton interpreter and the profiler sees host operators, so
@@ -49,23 +50,21 @@ def kernel_table(events, calls: int, *, cuda: bool, top: int = 16) -> tuple[floa
 
 def profile_shape(spec: str, iters: int, warmup: int, cuda: bool) -> list[dict]:
     from ssmspec.bench.kernels import mamba_ssm_ops
+    from ssmspec.bench.ssd_grad import mamba_call, ours_call
     from ssmspec.bench.ssd_grad_sweep import fwdbwd, inputs, shape_of
-    from ssmspec.ops.ssd_grad.triton import ssd_chunk_scan_grad_triton
     from torch.profiler import ProfilerActivity, profile
 
     name, z, bsz, L = shape_of(spec)
     dtype = torch.bfloat16 if cuda else torch.float32
     i = inputs(z, bsz, L, dtype, "cuda" if cuda else "cpu")
-    calls = {"ours": lambda: ssd_chunk_scan_grad_triton(i["x"], i["dt"], i["A"], i["B"], i["C"], i["D"],
-                                                        initial_state=i["s0"])}
+    calls = {"ours": ours_call(i, "triton")}
     rows = []
     _, chunk, why = mamba_ssm_ops() if cuda else (None, None, "no CUDA")
     if chunk is None or bsz * L * z["H"] * z["P"] >= 2 ** 31:
         reason = why if chunk is None else "x has >= 2^31 elements (mamba_ssm's 32-bit offsets)"
         rows.append(dict(shape=spec, impl="mamba_ssm", status="skipped", reason=str(reason)[:200]))
     else:
-        calls["mamba_ssm"] = lambda: chunk(i["x"], i["dt"], i["A"], i["B"], i["C"], chunk_size=256, D=i["D"],
-                                           initial_states=i["s0"], dt_softplus=False, return_final_states=True)
+        calls["mamba_ssm"] = mamba_call(chunk, i, 256)
     for impl, call in calls.items():
         for _ in range(warmup):
             fwdbwd(i, call)
