@@ -307,6 +307,10 @@ def test_profile_smoke(tmp_path):
     assert next(r for r in rows if r["impl"] == "mamba_ssm")["status"] == "skipped"
     with pytest.raises(SystemExit, match="mixer:batch:seqlen"):
         main(["--tiny", "--shapes", "seed004:16"])
+    with pytest.raises(SystemExit, match=r"--iters must be >= 1 and --warmup >= 0 \(got 1, -1\)"):
+        main(["--tiny", "--warmup", "-1"])
+    with pytest.raises(SystemExit, match=r"\(got 0, 1\)"):  # 0 profiled calls is refused, not taken as the default
+        main(["--tiny", "--iters", "0"])
 
 
 # GPU: the paper's sizes -------------------------------------------------------------------------------------

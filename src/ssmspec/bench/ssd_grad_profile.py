@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cuda = torch.cuda.is_available() and not a.tiny
     if not cuda:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels' first import
-    iters = a.iters or (5 if cuda else 1)
+    iters = a.iters if a.iters is not None else (5 if cuda else 1)
     warmup = a.warmup if a.warmup is not None else (3 if cuda else 1)
     if iters < 1 or warmup < 0:
         raise SystemExit(f"error: --iters must be >= 1 and --warmup >= 0 (got {iters}, {warmup})")
