@@ -480,6 +480,38 @@ def test_first_round_on_a_second_gpu_waits_for_the_drafters_reset(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_draft_gpu_graphs_read_their_own_random_offsets(monkeypatch):
+    """A captured graph on the draft GPU draws from the philox offset that its replay refills, on the draft GPU,
+    before it runs. The engine once registered the draft's generators with the target's GPU current, so torch
+    kept (and refilled at every replay) their seed and offset on the target's GPU, unordered with the draft GPU's
+    stream: loaded by a second pytest worker, sampled runs on cuda:1 drew earlier rounds' random numbers again
+    (two H200s, torch 2.11). A sleep queued on the target GPU after each send (before the draft backup's replay,
+    whose refill would queue behind it) makes that read stale every time: the captured run must still equal the
+    eager one, which keeps its offsets on the host."""
+    cfg = load_preset("tiny-mamba2")
+    target = build_model(cfg, seed=0, device="cuda:0", dtype=torch.float32)
+    opts = dict(draft_len=S, fanout=[2, 2, 1, 1, 1], backup="draft", temperature=1.0, residual_scale=0.5)
+    runs = []
+    for graph in (False, True):
+        draft = build_model(cfg, seed=1, device="cuda:1", dtype=torch.float32)
+        d = make_drafter("async_draft", draft=draft, draft_device="cuda:1", **opts)
+        if graph:
+            real = d.send
+
+            def send_then_stall(real=real):
+                real()
+                with torch.cuda.device("cuda:0"):  # the target GPU's current stream (main, or the send stream)
+                    torch.cuda._sleep(50_000_000)
+
+            monkeypatch.setattr(d, "send", send_then_stall)
+        out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d,
+                       sampling=SamplingConfig(temperature=1.0, seed=5), cuda_graph=graph)
+        runs.append((out.sequences, d.hit_counts()))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_targets_own_gpu_as_draft_device_is_refused():
     """On one GPU the transfer path's streams would not be ordered (a copy within a GPU fences one stream): naming

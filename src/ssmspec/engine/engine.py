@@ -40,7 +40,8 @@ log = logging.getLogger("ssmspec.engine")
 
 def _register(graph: torch.cuda.CUDAGraph, gens) -> None:
     """Let a graph advance the philox offsets of the custom generators it draws from (else every replay
-    would repeat the captured random numbers)."""
+    would repeat the captured random numbers). Call it with the generators' GPU current: torch keeps their
+    offsets for the graph on the current device (``Speculation._capturing`` says why that matters)."""
     for g in gens:
         if g is None or g.device.type != "cuda":
             continue
