@@ -5,7 +5,8 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
 
 1. validate and resolve the config: the experiment exists and its functions import; every command-line
    override is one the experiment honours (``check_overrides``: declared bench keys with the declared
-   types, settings listed in ``experiment.reads``, no ``+key`` that no config has); profile, device, dtype
+   types, settings listed in ``experiment.reads``, no ``+key`` that no config has); profile, device (a
+   ``cuda:N`` this machine has; it is the current device while the run lasts: ``on_device``), dtype
    and ``cuda_graph`` fit this machine; the experiment's ``profile_overrides[profile]`` is merged into
    ``bench`` (command-line ``bench.*`` overrides still win; ``model=<preset>`` replaces ``bench.presets``);
    every number of the model, sampling, data and bench settings is in range (``config.check_values``).
@@ -198,7 +199,7 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
     if refusal:
         raise UserError(refusal)
     profile = C.resolve_profile(str(cfg.profile))
-    device = C.resolve_device(str(cfg.device))
+    device = _gpu_that_exists(C.resolve_device(str(cfg.device)))
     dtype = C.resolve_dtype(str(cfg.dtype), device)
     with open_dict(cfg):
         cfg.profile, cfg.device, cfg.dtype = profile, device, C.dtype_name(dtype)
@@ -219,6 +220,40 @@ def _prepare(cfg: DictConfig, cli_overrides: list[str]) -> tuple[DictConfig, Exp
     C.check_values(cfg)
     OmegaConf.resolve(cfg)
     return cfg, exp
+
+
+def _gpu_that_exists(device: str) -> str:
+    """``cuda:N`` only where this machine has GPU N (its visible devices); ``device`` unchanged otherwise."""
+    if not device.startswith("cuda"):
+        return device
+    import torch
+
+    try:
+        index = torch.device(device).index
+    except RuntimeError:
+        raise UserError(f"device must be cpu, cuda[:index] or auto, got {device!r}") from None
+    count = torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise UserError(f"device={device} does not exist: this machine has {count} visible CUDA device"
+                        f"{'s' if count != 1 else ''} (cuda:0{f' .. cuda:{count - 1}' if count > 1 else ''}); "
+                        f"name one of them, or device=cuda")
+    return device
+
+
+@contextmanager
+def on_device(device: str) -> Iterator[None]:
+    """The run's GPU as the current CUDA device while it runs (no-op for ``cpu`` and a bare ``cuda``).
+
+    Triton launches its kernels on the current device's stream and ``torch.cuda.graph`` captures on one, so a
+    run on ``cuda:1`` with ``cuda:0`` current would launch its kernels on the wrong GPU; the launcher's
+    ``reproduce --jobs`` pins each job with CUDA_VISIBLE_DEVICES instead, where ``cuda`` is its GPU."""
+    if not device.startswith("cuda:"):
+        yield
+        return
+    import torch
+
+    with torch.cuda.device(torch.device(device)):
+        yield
 
 
 # 2.-3. the run directory -------------------------------------------------------------------------------
@@ -282,7 +317,11 @@ def _clean(value):
 def run_experiment(cfg: DictConfig, out_dir: Path, *, cli_overrides: list[str] = ()) -> Path:
     """Validate ``cfg``, run its experiment and write ``out_dir``; returns ``out_dir``."""
     cfg, exp = prepare(cfg, cli_overrides=cli_overrides)
-    out_dir = Path(out_dir)
+    with on_device(str(cfg.device)):
+        return _run(cfg, exp, Path(out_dir))
+
+
+def _run(cfg: DictConfig, exp: Experiment, out_dir: Path) -> Path:
     weights = str(cfg.checkpoint) if cfg.get("checkpoint") else exp.weights
     import torch
 

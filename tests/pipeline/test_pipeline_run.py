@@ -119,3 +119,52 @@ def test_staged_dir_is_all_or_nothing(tmp_path):
     assert not (old / "env.json").exists()  # stale file of the older run
     assert (old / "notes.txt").exists()  # not a result file: left alone
     assert sorted(p.name for p in old.iterdir()) == ["notes.txt", "results.jsonl"]
+
+
+def test_a_gpu_index_this_machine_lacks_is_refused(cli, tmp_path, monkeypatch):
+    """device=cuda:N names a visible GPU: one past the last is refused before anything is written (faked: two
+    GPUs visible), as is a malformed name; cuda:1 then passes the check (the run itself needs the GPU)."""
+    import torch
+
+    from ssmspec import config as C
+    from ssmspec.runner import UserError, _gpu_that_exists
+
+    monkeypatch.setattr(C, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    out = tmp_path / "out"
+    status, stdout, err = cli("run", *TINY, "device=cuda:2", f"results_dir={out}")
+    assert status == 2 and "Traceback" not in err + stdout and not out.exists()
+    assert "device=cuda:2 does not exist: this machine has 2 visible CUDA devices (cuda:0 .. cuda:1)" in err
+    assert _gpu_that_exists("cuda:1") == "cuda:1" and _gpu_that_exists("cuda") == "cuda"
+    with pytest.raises(UserError, match="must be cpu, cuda\\[:index\\] or auto, got 'cuda:x'"):
+        _gpu_that_exists("cuda:x")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(UserError, match=r"has 1 visible CUDA device \(cuda:0\); name one of them, or device=cuda"):
+        _gpu_that_exists("cuda:1")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.device_count() >= 2, reason="needs two GPUs")
+def test_a_run_on_the_second_gpu_runs_there(cli, tmp_path):
+    """device=cuda:1 with cuda:0 current: the run makes cuda:1 current while it runs (Triton launches on the
+    current device's stream, CUDA graphs capture on one), so its Triton kernels and captured steps run there:
+    greedy output of every strategy equals autoregressive (fp32 weights, the Triton kernels), env.json names
+    that GPU, and cuda:0 is current again afterwards."""
+    import torch
+
+    from ssmspec.runner import on_device
+
+    with on_device("cuda:1"):
+        assert torch.cuda.current_device() == 1
+    assert torch.cuda.current_device() == 0
+    out = tmp_path / "run"
+    status, _, err = cli("run", "experiment=lossless", "profile=cpu", "device=cuda:1", "bench.presets=[tiny-mamba2]",
+                         "bench.dtype=float32", "bench.sampling.enabled=false", f"results_dir={out}")
+    assert status == 0, err
+    rows = _rows(out)
+    assert rows and all(r["status"] in ("ok", "n/a") for r in rows), {r["status"] for r in rows}
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert ok and all(r["exact"] for r in ok), [(r["strategy"], r["drafter"]) for r in ok if not r["exact"]]
+    env = json.loads((out / "env.json").read_text())
+    assert env["device_name"] == torch.cuda.get_device_name(1)
+    assert torch.cuda.current_device() == 0
