@@ -176,6 +176,31 @@ def test_captured_step_equals_the_eager_loop(preset, name, kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_model_on_the_second_gpu_decodes_there_with_the_first_current(temperature):
+    """A model on cuda:1 while cuda:0 is the current device: the engine makes its GPU current for its launches
+    (Triton launches on the current device's stream, graphs capture on one), so captured speculative decoding
+    with a draft model on cuda:1 decodes exactly what the same run on cuda:0 decodes, and cuda:0 stays current."""
+    from ssmspec.drafting import make_drafter
+    from ssmspec.verify import SamplingConfig
+
+    cfg = load_preset("tiny-hybrid")
+    prompts = [[(7 * b + 3 * i) % 200 + 3 for i in range(5 + 4 * b)] for b in range(3)]
+    runs = []
+    for dev in ("cuda:0", "cuda:1"):
+        model = build_model(cfg, seed=0, device=dev, dtype=torch.float32)
+        draft = build_model(cfg, seed=1, device=dev, dtype=torch.float32)
+        d = make_drafter("draft_model", draft=draft, draft_len=3, temperature=temperature)
+        assert torch.cuda.current_device() == 0
+        out = generate(model, prompts, max_new_tokens=24, strategy="replay", drafter=d, cuda_graph=True,
+                       sampling=SamplingConfig(temperature=temperature, seed=3))
+        runs.append((out.sequences, out.accepted_histogram()))
+        assert torch.cuda.current_device() == 0
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_replayed_steps_do_not_synchronise_the_host():
     model = build_model(load_preset("tiny-hybrid"), seed=0, device="cuda", dtype=torch.bfloat16)

@@ -22,6 +22,7 @@ queued while the host reads the last.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 
@@ -49,6 +50,19 @@ def _register(graph: torch.cuda.CUDAGraph, gens) -> None:
             raise RuntimeError("this torch cannot capture draws from a custom CUDA generator in a graph "
                                "(CUDAGraph.register_generator_state is missing); run eagerly (cuda_graph=False)")
         graph.register_generator_state(g)
+
+
+def _on_its_gpu(method):
+    """Run an ``Engine`` method with the engine's GPU as the current device: Triton launches its kernels on the
+    current device's stream and ``torch.cuda.graph`` captures on one, so without this a model on cuda:1 with
+    cuda:0 current launched its kernels on the wrong GPU. Nothing to switch on the CPU or when it is current."""
+    @functools.wraps(method)
+    def on_its_gpu(self, *args, **kwargs):
+        if not self.cuda:
+            return method(self, *args, **kwargs)
+        with torch.cuda.device(self.model.device):
+            return method(self, *args, **kwargs)
+    return on_its_gpu
 
 
 class Engine:
@@ -114,6 +128,7 @@ class Engine:
         return self.step.cache_bytes()
 
     # start -----------------------------------------------------------------------------------------
+    @_on_its_gpu
     @torch.no_grad()
     def prefill(self, ids: Tensor, valid: Tensor, prompts: list[list[int]] | None = None) -> Report:
         """Left-padded prompts (B, T) -> first token of every sequence (eager; returns its report)."""
@@ -132,6 +147,7 @@ class Engine:
                 self.step.prompt_hidden = None
         return self.step.report_of(self.step.report.cpu())
 
+    @_on_its_gpu
     @torch.no_grad()
     def start_synthetic(self, context: int, pending: Tensor) -> None:
         """Benchmarks: caches as if ``context`` tokens had been prefilled (``DecodeStep.start_synthetic``)."""
@@ -172,6 +188,7 @@ class Engine:
             s.target_step()
         self._graphs = (draft_graph, target_graph)
 
+    @_on_its_gpu
     @torch.no_grad()
     def launch(self) -> None:
         """Queue one decode step (see module doc); never waits for the device except on the first call and,
@@ -251,6 +268,7 @@ class Engine:
             out.append((self.step.report_of(host), seconds))
         return out
 
+    @_on_its_gpu
     @torch.no_grad()
     def time_steps(self, *, warmup: int, iters: int) -> list[float]:
         """ms per decode step: ``warmup`` untimed steps (the first one captures the graphs), then ``iters``
