@@ -41,15 +41,18 @@ log = logging.getLogger("ssmspec.engine")
 
 def _register(graph: torch.cuda.CUDAGraph, gens) -> None:
     """Let a graph advance the philox offsets of the custom generators it draws from (else every replay
-    would repeat the captured random numbers). Call it with the generators' GPU current: torch keeps their
-    offsets for the graph on the current device (``Speculation._capturing`` says why that matters)."""
+    would repeat the captured random numbers). Each is registered with its own GPU current: torch keeps a
+    registered generator's seed and offset for the graph on the current device and refills them there at every
+    replay, so a draft GPU's graph registered with the target's GPU current read its offsets across devices,
+    unordered with the refill (``Speculation._capturing`` tells how that was found)."""
     for g in gens:
         if g is None or g.device.type != "cuda":
             continue
         if not hasattr(graph, "register_generator_state"):
             raise RuntimeError("this torch cannot capture draws from a custom CUDA generator in a graph "
                                "(CUDAGraph.register_generator_state is missing); run eagerly (cuda_graph=False)")
-        graph.register_generator_state(g)
+        with torch.cuda.device(g.device):  # its per-graph offsets live on the current device (docstring)
+            graph.register_generator_state(g)
 
 
 def _on_its_gpu(method):

@@ -105,18 +105,15 @@ class Speculation:
         with torch.cuda.graph(draft_graph):
             step.set_drafts(d.lookup(step.buf))
         self.backup_graph = torch.cuda.CUDAGraph()
-        backup_dev = self.draft_dev if self._remote_backup() else self.device
-        with torch.cuda.device(backup_dev):  # the generators' device current (_capturing's doc)
-            register(self.backup_graph, d.generators())
-        with self._capturing(self.backup_graph, backup_dev):
+        register(self.backup_graph, d.generators())
+        with self._capturing(self.backup_graph, self.draft_dev if self._remote_backup() else self.device):
             d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
         if self._remote_backup():
             self.merge_graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.merge_graph):
                 d.merge_backup()
         self.spec_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(self.draft_dev):
-            register(self.spec_graph, d.speculate_generators())
+        register(self.spec_graph, d.speculate_generators())
         with self._capturing(self.spec_graph, self.draft_dev):
             d.speculate()
         return draft_graph
@@ -125,7 +122,7 @@ class Speculation:
         """Capture on ``device``: torch.cuda.graph's default capture stream lives on the first device that used
         it, so a graph of the draft's GPU gets a capture stream there.
 
-        Its generators are registered with that device current too: torch keeps a registered generator's seed and
+        Its generators are registered with their device current (``engine._register``): torch keeps a registered generator's seed and
         offset for the graph in two tensors made on the current device, and refills them there at every replay,
         on that device's current stream. Registered while the target's GPU was current, the draft GPU's graphs
         read their offsets across the devices, unordered with the refill: on a loaded machine (a second pytest
