@@ -122,9 +122,9 @@ class Speculation:
         """Capture on ``device``: torch.cuda.graph's default capture stream lives on the first device that used
         it, so a graph of the draft's GPU gets a capture stream there.
 
-        Its generators are registered with their device current (``engine._register``): torch keeps a registered generator's seed and
-        offset for the graph in two tensors made on the current device, and refills them there at every replay,
-        on that device's current stream. Registered while the target's GPU was current, the draft GPU's graphs
+        Its generators are registered with their device current (``engine._register``): torch keeps a registered
+        generator's seed and offset for the graph in two tensors made on the current device, and refills them there
+        at every replay, on that device's current stream. Registered while the target's GPU was current, the draft GPU's graphs
         read their offsets across the devices, unordered with the refill: on a loaded machine (a second pytest
         worker on both GPUs; torch 2.11, two H200s) sampled runs with the draft on cuda:1 drew an earlier
         round's random numbers again in 4 of 4 runs, and in 0 of 6 registered on the draft's GPU."""
