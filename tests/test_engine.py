@@ -177,6 +177,33 @@ def test_captured_step_equals_the_eager_loop(preset, name, kind):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_capture_on_the_second_gpu_first_leaves_the_first_gpus_captures_there(monkeypatch):
+    """torch makes its default capture stream once, on the GPU current at the process's first capture: after a
+    captured run on cuda:1, a captured run on cuda:0 was captured on cuda:1's stream, so its random draws failed
+    ("Offset increment outside graph capture") and its kernels were missing from the graph (engine/graphs.py).
+    From a fresh default stream, a captured cuda:1 run first, then captured cuda:0 runs with random oracle drafts
+    decode what their eager twins decode."""
+    monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)  # as in a process that never captured
+    cfg = load_preset("tiny-hybrid")
+    prompts = [[(7 * b + 3 * i) % 200 + 3 for i in range(5 + 4 * b)] for b in range(3)]
+
+    def run(dev, graph, kind="oracle-S3", strategy="replay"):
+        model = build_model(cfg, seed=0, device=dev, dtype=torch.float32)
+        ref = generate(model, prompts, max_new_tokens=24, cuda_graph=False).sequences
+        out = generate(model, prompts, max_new_tokens=24, strategy=strategy,
+                       drafter=_drafter(kind, ref, cfg.vocab_size), cuda_graph=graph)
+        assert out.cuda_graph == graph
+        return out.sequences, out.accepted_histogram()
+
+    first = run("cuda:1", True)
+    assert torch.cuda.current_device() == 0
+    for strategy, kind in (("replay", "oracle-S3"), ("stree", "oracle-tree")):
+        assert run("cuda:0", True, kind, strategy) == run("cuda:0", False, kind, strategy)
+    assert run("cuda:0", True) == first  # the same model, prompts and drafts on either GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_model_on_the_second_gpu_decodes_there_with_the_first_current(temperature):
     """A model on cuda:1 while cuda:0 is the current device: the engine makes its GPU current for its launches

@@ -60,7 +60,9 @@ def capture_cuda_graph(fn: Callable[[], object], warmup: int = 3) -> torch.cuda.
 
     The captured work runs once more on every ``graph.replay()``; tensors ``fn`` reads and writes must
     keep their addresses (static buffers). Raises RuntimeError when ``fn`` cannot be captured (host syncs,
-    data-dependent shapes, CPU tensors).
+    data-dependent shapes, CPU tensors). It captures on torch's default capture stream, which lives on the GPU
+    current at the process's first default capture: call it with ``fn``'s GPU current, in a process that has
+    captured on no other GPU that way (the engine captures on each GPU's own stream: ``engine/graphs.py``).
     """
     if not torch.cuda.is_available():
         raise ValueError("CUDA-graph timing needs a CUDA device; use time_eager (bench.cuda_graph=false) on CPU")

@@ -29,6 +29,7 @@ import time
 import torch
 from torch import Tensor
 
+from ssmspec.engine.graphs import capture_on
 from ssmspec.engine.memory import check_fits, plan_bytes
 from ssmspec.engine.speculate import Speculation
 from ssmspec.engine.step import DecodeStep, Report, default_verifier
@@ -183,11 +184,11 @@ class Engine:
         elif self.drafter is not None and self.drafter_on_device:
             draft_graph = torch.cuda.CUDAGraph()
             _register(draft_graph, gens)
-            with torch.cuda.graph(draft_graph):
+            with capture_on(draft_graph, self.model.device):
                 s.set_drafts(s.draft())
         target_graph = torch.cuda.CUDAGraph()
         _register(target_graph, [self.generator])
-        with torch.cuda.graph(target_graph):
+        with capture_on(target_graph, self.model.device):
             s.target_step()
         self._graphs = (draft_graph, target_graph)
 

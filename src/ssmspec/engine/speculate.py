@@ -45,6 +45,8 @@ from contextlib import nullcontext
 
 import torch
 
+from ssmspec.engine.graphs import capture_on
+
 
 class Speculation:
     """Graphs and streams of a speculating drafter inside one ``Engine`` (module doc)."""
@@ -102,7 +104,7 @@ class Speculation:
         if self.remote:
             torch.cuda.synchronize(self.draft_dev)  # the eager first step's draft-side work is done
         draft_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(draft_graph):
+        with capture_on(draft_graph, self.device):
             step.set_drafts(d.lookup(step.buf))
         self.backup_graph = torch.cuda.CUDAGraph()
         register(self.backup_graph, d.generators())
@@ -110,7 +112,7 @@ class Speculation:
             d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
         if self._remote_backup():
             self.merge_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.merge_graph):
+            with capture_on(self.merge_graph, self.device):
                 d.merge_backup()
         self.spec_graph = torch.cuda.CUDAGraph()
         register(self.spec_graph, d.speculate_generators())
@@ -119,8 +121,8 @@ class Speculation:
         return draft_graph
 
     def _capturing(self, graph: torch.cuda.CUDAGraph, device: torch.device):
-        """Capture on ``device``: torch.cuda.graph's default capture stream lives on the first device that used
-        it, so a graph of the draft's GPU gets a capture stream there.
+        """Capture on ``device``'s own capture stream (``engine/graphs.py``: torch's default one lives on the
+        first device that captured).
 
         Its generators are registered with their device current (``engine._register``): torch keeps a registered
         generator's seed and offset for the graph in two tensors made on the current device, and refills them there
@@ -128,9 +130,7 @@ class Speculation:
         read their offsets across the devices, unordered with the refill: on a loaded machine (a second pytest
         worker on both GPUs; torch 2.11, two H200s) sampled runs with the draft on cuda:1 drew an earlier
         round's random numbers again in 4 of 4 runs, and in 0 of 6 registered on the draft's GPU."""
-        if device == self.device:
-            return torch.cuda.graph(graph)
-        return torch.cuda.graph(graph, stream=torch.cuda.Stream(device))
+        return capture_on(graph, device)
 
     # speculation || target ---------------------------------------------------------------------------------
     def _speculate(self) -> None:

@@ -1,0 +1,36 @@
+"""CUDA-graph capture on a named GPU.
+
+``torch.cuda.graph(g)`` without a stream captures on a class-wide default capture stream that torch makes once
+per process, on whichever GPU is current at the first capture. Entering that stream makes its GPU current. So
+after one capture for a model on cuda:1, every later default capture in the process -- a model on cuda:0
+included -- ran on cuda:1's stream: the cuda:0 work was not captured at all, a random draw failed with "Offset
+increment outside graph capture encountered unexpectedly", and a Triton launch with cuda:0 pointers failed with
+"Pointer argument cannot be accessed from Triton". (Seen on two H100s: 54 GPU tests failed in the pytest workers
+that had first captured on cuda:1.) Every graph the engine captures goes through ``capture_on``, which captures on
+a stream of the given GPU: one per GPU, kept for the process as torch keeps its own.
+"""
+from __future__ import annotations
+
+import torch
+
+_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _index(device) -> int:
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"a CUDA graph captures on a GPU; got device {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def capture_stream(device) -> torch.cuda.Stream:
+    """The side stream of ``device`` (a CUDA device; no index: the current one) that its graphs capture on."""
+    i = _index(device)
+    if i not in _STREAMS:
+        _STREAMS[i] = torch.cuda.Stream(i)
+    return _STREAMS[i]
+
+
+def capture_on(graph: torch.cuda.CUDAGraph, device) -> torch.cuda.graph:
+    """``torch.cuda.graph(graph)`` capturing on ``device``'s own capture stream (module doc)."""
+    return torch.cuda.graph(graph, stream=capture_stream(device))
