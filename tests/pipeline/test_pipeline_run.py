@@ -147,9 +147,10 @@ def test_a_gpu_index_this_machine_lacks_is_refused(cli, tmp_path, monkeypatch):
 @pytest.mark.skipif(not __import__("torch").cuda.device_count() >= 2, reason="needs two GPUs")
 def test_a_run_on_the_second_gpu_runs_there(cli, tmp_path):
     """device=cuda:1 with cuda:0 current: the run makes cuda:1 current while it runs (Triton launches on the
-    current device's stream, CUDA graphs capture on one), so its Triton kernels and captured steps run there:
-    greedy output of every strategy equals autoregressive (fp32 weights, the Triton kernels), env.json names
-    that GPU, and cuda:0 is current again afterwards."""
+    current device's stream), so its Triton kernels run there: greedy output of every strategy equals
+    autoregressive (fp32 weights, the Triton kernels; lossless's greedy runs are eager, its margins are read on
+    the host), env.json names that GPU, and cuda:0 is current again afterwards. Captured steps on a second GPU:
+    tests/test_engine.py."""
     import torch
 
     from ssmspec.runner import on_device

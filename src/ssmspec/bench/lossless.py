@@ -144,8 +144,10 @@ def greedy_rows(cfg: DictConfig) -> Iterator[dict]:
         mcfg = model.cfg
         prompts = _prompts(b, cfg, mcfg.vocab_size)
         ar = _MarginRecorder(make_verifier("greedy"), len(prompts))
+        # eager (cuda_graph=False): the margin recorder reads every verdict on the host, which a captured step
+        # cannot; that captured steps equal eager ones is tests/test_engine.py's check
         ref = generate(model, prompts, max_new_tokens=new, strategy="autoregressive", verifier=ar,
-                       timing=False).sequences
+                       timing=False, cuda_graph=False).sequences
         base = {"kind": "greedy", "model": mcfg.name, "family": mcfg.family, "params": mcfg.num_parameters(),
                 "dtype": C.dtype_name(dtype), "batch": len(prompts), "new_tokens": new}
         for d in track(drafters, desc=f"lossless {mcfg.name}"):
@@ -162,7 +164,7 @@ def greedy_rows(cfg: DictConfig) -> Iterator[dict]:
                     continue
                 rec = _MarginRecorder(make_verifier("greedy"), len(prompts))
                 out = generate(model, prompts, max_new_tokens=new, strategy=strat, drafter=drafter, verifier=rec,
-                               timing=False)
+                               timing=False, cuda_graph=False)
                 emitted = sum(sum(s.emitted) for s in out.steps[1:])
                 calls = max(out.model_calls, 1)
                 row.update(status="ok", **_compare(out.sequences, ref, ar.margins),
