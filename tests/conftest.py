@@ -4,10 +4,19 @@ as the PyTorch reference. From here on, transformers' modeling modules are impor
 hidden, so they keep their PyTorch paths (ssmspec.baselines.keep_transformers_on_torch_paths; a no-op where
 none is installed, as on CI).
 """
-import pytest
-import torch
+import os
 
-from ssmspec.baselines import keep_transformers_on_torch_paths
+from ssmspec.gputests import SPREAD_ENV, worker_gpus
+
+# `python -m ssmspec.gputests --spread`: this xdist worker's GPU first, before anything starts CUDA
+_GPUS = worker_gpus(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get(SPREAD_ENV, ""))
+if _GPUS is not None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = _GPUS
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from ssmspec.baselines import keep_transformers_on_torch_paths  # noqa: E402
 
 keep_transformers_on_torch_paths()
 

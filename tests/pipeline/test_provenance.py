@@ -7,9 +7,11 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,6 +136,47 @@ def test_gpu_test_record_counts():
     c = parse_counts(log)
     assert (c["passed"], c["failed"], c["skipped"], c["deselected"], c["errors"], c["warnings"]) == (118, 1, 2, 1404, 0, 3)
     assert parse_counts("120 passed, 1 error in 3s")["errors"] == 1 and parse_counts("nothing ran")["passed"] == 0
+
+
+def test_gpu_tests_spread_rotates_every_gpu_to_each_worker():
+    from ssmspec.gputests import worker_gpus
+
+    assert worker_gpus("gw0", "0,1,2,3") == "0,1,2,3"
+    assert worker_gpus("gw1", "0,1,2,3") == "1,2,3,0"
+    assert worker_gpus("gw5", " 2, 3 ") == "3,2"  # two GPUs visible: workers alternate, each still sees both
+    assert worker_gpus(None, "0,1") is None and worker_gpus("gw0", "") is None  # the controller; nothing to spread
+    with pytest.raises(ValueError, match="expected gw<N>"):
+        worker_gpus("master", "0,1")
+
+
+def test_gpu_tests_spread_needs_workers(monkeypatch, capsys):
+    from ssmspec import gputests
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert gputests.main(["--spread"]) == 2
+    assert "add them after --" in capsys.readouterr().err
+
+
+def test_spread_probe():
+    """Records what this xdist worker sees (run by the test below only)."""
+    out = os.environ.get("SSMSPEC_SPREAD_PROBE")
+    if not out:
+        pytest.skip("a probe for test_conftest_puts_each_workers_gpu_first")
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    Path(out, worker).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", ""))
+
+
+def test_conftest_puts_each_workers_gpu_first(tmp_path):
+    """tests/conftest.py sets each xdist worker's CUDA_VISIBLE_DEVICES from SSMSPEC_TEST_GPUS before CUDA starts."""
+    from ssmspec.gputests import SPREAD_ENV
+
+    env = {**os.environ, SPREAD_ENV: "4,7", "SSMSPEC_SPREAD_PROBE": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "each", "-p", "no:cacheprovider",
+                           "tests/pipeline/test_provenance.py::test_spread_probe"], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    seen = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    assert seen == {"gw0": "4,7", "gw1": "7,4"}, seen  # every worker ran the probe (--dist each)
 
 
 # decided_by and stale ------------------------------------------------------------------------------------
