@@ -175,6 +175,13 @@ def test_captured_step_equals_the_eager_loop(preset, name, kind):
         assert graphed.sequences == ref
 
 
+def test_a_capture_stream_is_asked_of_a_gpu_only():
+    from ssmspec.engine.graphs import capture_stream
+
+    with pytest.raises(ValueError, match="a CUDA graph captures on a GPU; got device cpu"):
+        capture_stream("cpu")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_capture_on_the_second_gpu_first_leaves_the_first_gpus_captures_there(monkeypatch):

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider", "tests", *extra]
     child = dict(os.environ)
     if args.spread:
-        if "-n" not in extra and not any(a.startswith("-n") and a[2:].isdigit() for a in extra):
+        if not any(a.startswith(("-n", "--numprocesses")) for a in extra):  # -n 8, -n8, -nauto, --numprocesses=8
             print("error: --spread spreads xdist workers: add them after --, e.g. "
                   "python -m ssmspec.gputests --spread -- -n 8", file=sys.stderr)
             return 2

@@ -155,6 +155,8 @@ def test_gpu_tests_spread_needs_workers(monkeypatch, capsys):
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
     assert gputests.main(["--spread"]) == 2
     assert "add them after --" in capsys.readouterr().err
+    assert gputests.main(["--spread", "--", "-k", "nothing"]) == 2  # pytest options, but no workers
+    assert "add them after --" in capsys.readouterr().err
 
 
 def test_spread_probe():

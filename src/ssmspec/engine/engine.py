@@ -43,9 +43,11 @@ log = logging.getLogger("ssmspec.engine")
 def _register(graph: torch.cuda.CUDAGraph, gens) -> None:
     """Let a graph advance the philox offsets of the custom generators it draws from (else every replay
     would repeat the captured random numbers). Each is registered with its own GPU current: torch keeps a
-    registered generator's seed and offset for the graph on the current device and refills them there at every
-    replay, so a draft GPU's graph registered with the target's GPU current read its offsets across devices,
-    unordered with the refill (``Speculation._capturing`` tells how that was found)."""
+    registered generator's seed and offset for the graph in two tensors made on the current device, and refills
+    them there at every replay, on that device's current stream. Registered while the target's GPU was current, the
+    draft GPU's graphs read their offsets across the devices, unordered with the refill: on a loaded machine (a
+    second pytest worker on both GPUs; torch 2.11, two H200s) sampled runs with the draft on cuda:1 drew an earlier
+    round's random numbers again in 4 of 4 runs, and in 0 of 6 registered on the draft's GPU."""
     for g in gens:
         if g is None or g.device.type != "cuda":
             continue

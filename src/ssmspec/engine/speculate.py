@@ -108,7 +108,7 @@ class Speculation:
             step.set_drafts(d.lookup(step.buf))
         self.backup_graph = torch.cuda.CUDAGraph()
         register(self.backup_graph, d.generators())
-        with self._capturing(self.backup_graph, self.draft_dev if self._remote_backup() else self.device):
+        with capture_on(self.backup_graph, self.draft_dev if self._remote_backup() else self.device):
             d.backup_draft() if self._remote_backup() else d.backup_drafts(step.buf)
         if self._remote_backup():
             self.merge_graph = torch.cuda.CUDAGraph()
@@ -116,21 +116,9 @@ class Speculation:
                 d.merge_backup()
         self.spec_graph = torch.cuda.CUDAGraph()
         register(self.spec_graph, d.speculate_generators())
-        with self._capturing(self.spec_graph, self.draft_dev):
+        with capture_on(self.spec_graph, self.draft_dev):
             d.speculate()
         return draft_graph
-
-    def _capturing(self, graph: torch.cuda.CUDAGraph, device: torch.device):
-        """Capture on ``device``'s own capture stream (``engine/graphs.py``: torch's default one lives on the
-        first device that captured).
-
-        Its generators are registered with their device current (``engine._register``): torch keeps a registered
-        generator's seed and offset for the graph in two tensors made on the current device, and refills them there
-        at every replay, on that device's current stream. Registered while the target's GPU was current, the draft GPU's graphs
-        read their offsets across the devices, unordered with the refill: on a loaded machine (a second pytest
-        worker on both GPUs; torch 2.11, two H200s) sampled runs with the draft on cuda:1 drew an earlier
-        round's random numbers again in 4 of 4 runs, and in 0 of 6 registered on the draft's GPU."""
-        return capture_on(graph, device)
 
     # speculation || target ---------------------------------------------------------------------------------
     def _speculate(self) -> None:
