@@ -52,6 +52,35 @@ def test_fit_recovers_the_surface_and_its_knee_and_reports_small_residuals():
                 _true_ms("replay", B, S, D), rel=0.06)
 
 
+def test_the_fit_does_not_depend_on_the_order_of_its_points():
+    """The same points in any order give the same model, bit for bit: a run's fit rows and a refit of its rows
+    (``CostModel.load``, the command line) read them in different orders."""
+    pts = _points(noise=0.04)
+    want = fit(pts)
+    for seed in range(5):
+        shuffled = list(pts)
+        random.Random(seed).shuffle(shuffled)
+        got = fit(shuffled)
+        assert got.coef == want.coef and got.residual == want.residual and got.calibration == want.calibration
+
+
+def test_a_knee_the_points_cannot_place_is_the_last_measured_call_below_the_gap():
+    """One measured B L above the knee: every knee in the gap below it fits the points exactly, each with its own
+    e. The fit takes the lowest (64, the last call below the gap), so the cost grows linearly across the gap."""
+    a, b, e, knee = 2.0, 0.01, 0.004, 150.0
+    true = lambda B: a + b * B + e * max(0.0, B - knee)  # noqa: E731
+    pts = [dict(strategy="autoregressive", batch=B, S=0, D=1, ms=true(B)) for B in (1, 4, 16, 64, 256)]
+    model = fit(pts)
+    got = model.coef["autoregressive"]
+    assert got["N0"] == 64.0 and model.residual["autoregressive"] < 1e-9
+    assert got["e"] == pytest.approx(e * (256 - knee) / (256 - 64), rel=1e-6)
+    ar = Setting("autoregressive")
+    for B in (1, 4, 16, 64, 256):
+        assert model.step_ms(ar, B, calibrated=False) == pytest.approx(true(B), rel=1e-9)
+    mid = true(64) + (true(256) - true(64)) * (128 - 64) / (256 - 64)  # linear across the gap
+    assert model.step_ms(ar, 128, calibrated=False) == pytest.approx(mid, rel=1e-9)
+
+
 def test_tokens_per_call_points_mean_one_chain():
     """Points given as tokens per call (no S, D) are one chain of tokens - 1 drafts."""
     pts = [dict(strategy=p["strategy"], batch=p["batch"], tokens=1 + p["S"], ms=p["ms"]) for p in _points()

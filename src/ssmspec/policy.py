@@ -14,7 +14,11 @@ token plus D draft chains of S tokens: L = 1 + D S; L = 1 for standard decoding)
 
 ``fit`` finds the coefficients by least squares on relative error (small batches weigh as much as large ones),
 all kept >= 0, and the knee by trying every measured B L; ``CostModel.residual`` is the relative RMS error on its
-own points. The model alone predicts any (B, S, D); where a setting was measured the prediction is calibrated by
+own points. The points are fitted in a fixed order, so a run's ``kind: fit`` rows and a refit of its measured steps
+(``CostModel.load``, the command line) are the same model. Where the points cannot tell knees apart (one measured
+B L above a gap: every knee in the gap fits them equally, with its own e), the fit takes the lowest, the last
+measured call below the gap: the cost then grows linearly across the gap instead of jumping at an arbitrary
+point inside it, and the choice no longer rests on rounding. The model alone predicts any (B, S, D); where a setting was measured the prediction is calibrated by
 that setting's measured / predicted ratio, interpolated in log B between its measured batches (held at the ends),
 so the policy neither trusts a smooth curve over a measurement nor needs one at every batch.
 
@@ -218,12 +222,25 @@ def _nnls(X: np.ndarray, t: np.ndarray, w: np.ndarray) -> np.ndarray:
     return coef
 
 
+KNEE_TIE = 1e-9  # relative: knees whose fits differ by less than rounding fit the points equally
+
+
+def _best(attempts: list[tuple[float, float, np.ndarray]]) -> tuple[float, float, np.ndarray]:
+    """The (error, knee, coefficients) of the best fit; among fits equal within rounding (``KNEE_TIE``) the lowest
+    knee (module doc), no knee (inf) last."""
+    least = min(err for err, _, _ in attempts)
+    return min((a for a in attempts if a[0] <= least * (1 + KNEE_TIE) + 1e-15), key=lambda a: a[1])
+
+
 def fit(points: list[dict]) -> CostModel:
     """Fit the cost model per strategy over ``points`` (dicts with strategy, batch, ms, and S and D -- or tokens
     per call for one chain): relative least squares, coefficients >= 0, the knee N0 the best of every measured B L
     (or none), then each measured setting's calibration (module doc)."""
     by: dict[str, list[tuple[Setting, float, float]]] = {}
-    for p in points:
+    # a fixed order: least squares over the same points in another order rounds differently, which decided between
+    # knees that fit equally well (the run's fit rows and a refit of its rows disagreed)
+    for p in sorted(points, key=lambda p: (str(p["strategy"]), float(p["batch"]), int(p.get("S") or 0),
+                                            int(p.get("D") or 1), float(p.get("tokens") or 0), float(p["ms"]))):
         s = _point_setting(p)
         by.setdefault(s.strategy, []).append((s, float(p["batch"]), float(p["ms"])))
     model = CostModel()
@@ -239,13 +256,12 @@ def fit(points: list[dict]) -> CostModel:
 
         grid = sorted(set((B * L).tolist()))
         flat = attempt(math.inf)
-        err, knee, coef = min((attempt(k) for k in [math.inf, *grid]), key=lambda r: r[0])
+        err, knee, coef = _best([attempt(k) for k in [math.inf, *grid]])
         if knee != math.inf:  # the knee lies between measured calls: search the two gaps around the best one
             i = grid.index(knee)
             lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
             for _ in range(5):  # zoom: 65 tries, then the two steps around the best, five times
-                err, knee, coef = min([(err, knee, coef), *(attempt(float(k)) for k in np.linspace(lo, hi, 65))],
-                                      key=lambda r: r[0])
+                err, knee, coef = _best([(err, knee, coef), *(attempt(float(k)) for k in np.linspace(lo, hi, 65))])
                 step = (hi - lo) / 64
                 lo, hi = max(lo, knee - step), min(hi, knee + step)
         if err >= flat[0] - 1e-9:

@@ -13,6 +13,7 @@ import pytest
 from ssmspec.bench.cost_model_scoring import (CHOOSERS, GOAL_AT_BATCH, best_fixed, compare, heldout_rows,
                                               nearest_fitted, nearest_pick, verdict)
 from ssmspec.drafting.oracle import expected_accepted
+from ssmspec.policy import TERMS, CostModel
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = ["experiment=cost_model", "profile=cpu", "bench.warmup=0", "bench.iters=2", "bench.prompt_len=4",
@@ -57,6 +58,11 @@ def test_fit_then_three_choosers_scored_on_held_out_batches(cli, tmp_path):
     fits = {r["strategy"]: r for r in rows if r["kind"] == "fit"}
     assert set(fits) == {"autoregressive", "replay"}
     assert all(min(r[t] for t in ("a", "a_L", "b", "c", "d", "e")) >= 0 for r in fits.values())
+    # `ssmspec policy --fit <results.jsonl>` refits the run's measured steps: the same model as its fit rows
+    refit = CostModel.load(out / "results.jsonl")
+    for st, r in fits.items():
+        assert {k: refit.coef[st][k] for k in (*TERMS, "N0")} == {k: r[k] for k in (*TERMS, "N0")}, st
+        assert refit.residual[st] == r["residual"]
 
     (split,) = [r for r in rows if r["kind"] == "split"]
     assert (split["fit_batches"], split["heldout_batches"], split["fit_seed"], split["eval_seeds"]) == ([1, 2], [3], 0,
