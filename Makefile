@@ -5,7 +5,7 @@
 #                    summary; on a GPU a missing baseline fails it (ALLOW_MISSING_BASELINES=1 accepts).
 #                    It writes into a fresh runs/reproduce/<time>/ (results/<id>/<profile>/, figures/) and
 #                    leaves the committed results/ as they are; SAVE_REFERENCE=1 replaces those instead
-#                    (results/<id>/<profile>/, results/figures/). cpu: 28 experiments, about 8 minutes on
+#                    (results/<id>/<profile>/, results/figures/). cpu: 37 experiments, about 15 minutes on
 #                    2 cores. Ctrl-C stops it cleanly: finished experiments are kept, the rest leave nothing.
 # Other targets: setup, test-gpu, figures, lint, notebook, clean (no venv needed). See README.md.
 SHELL := /bin/bash
