@@ -11,8 +11,9 @@ Where it writes:
 
 The experiments run as a queue over slots (ssmspec/../hydra_plugins/ssmspec_launcher/gpu_queue.py), one
 child process each: one slot per GPU on the gpu profile, one on cpu (``--jobs N`` for more); an experiment
-with ``gpus: k`` takes k GPU slots at once (``Job.slots``). ``[k/n] <id>``
-lines show the progress, with each experiment's wall time as it ends.
+with ``gpus: k`` takes k GPU slots at once (``Job.slots``). With several slots the queue starts the experiments
+of several GPUs first, then the longest first by the time their committed references took (``queue_order``).
+``[k/n] <id>`` lines show the progress, with each experiment's wall time as it ends.
 
 Before it starts, staging folders that killed runs left under results/ and runs/ are removed
 (ssmspec/rundir.py), and the output folder is locked: a second reproduction into results/ is refused.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import sys
 import time
@@ -131,6 +133,30 @@ def _stopped_line(plan: Plan, finished: list[str], failed: list[str], stopped: l
     return "; ".join(parts + ["no figures or summary were made"])
 
 
+def recorded_wall_s(exp_id: str, profile: str, results_root: Path | None = None) -> float | None:
+    """The seconds the committed reference of ``exp_id`` on ``profile`` took to write its rows (its env.json's
+    ``wall_s``), or None where there is none (no reference, or one written before runs recorded it)."""
+    path = (results_root or paths.RESULTS_DIR) / exp_id / profile / "env.json"
+    try:
+        wall = json.loads(path.read_text()).get("wall_s")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(wall) if isinstance(wall, (int, float)) and wall >= 0 else None
+
+
+def queue_order(exps, profile: str, n_slots: int, results_root: Path | None = None) -> list:
+    """The order the queue starts ``exps`` in. One slot: as given (the registry's order). Several: the experiments
+    that take several GPUs first (the queue starts jobs in order and one waits for all its slots, holding the rest
+    behind it; at the start every slot is free), then the longest first by their references' ``wall_s`` (the
+    longest-processing-time rule: a long experiment started last would run on alone), those with no recorded time
+    before the rest (they may be long); ties keep the given order."""
+    if n_slots <= 1:
+        return list(exps)
+    walls = {e.id: recorded_wall_s(e.id, profile, results_root) for e in exps}
+    slots_of = lambda e: e.gpus if profile == "gpu" else 1  # noqa: E731
+    return sorted(exps, key=lambda e: (-min(slots_of(e), n_slots), walls[e.id] is not None, -(walls[e.id] or 0.0)))
+
+
 def run_experiments(exps, plan: Plan, queue_slots: list[tuple[str, ...]]) -> list[str]:
     """Each experiment as a child ``python -m ssmspec run``, queued over ``queue_slots`` (pinned to its GPUs);
     returns the ids that failed. One slot: the children write to this terminal, one after the other;
@@ -218,6 +244,7 @@ def reproduce(profile: str | None, only: str | None, *, allow_missing_baselines:
         return _error(str(e))
     for line in notes:
         print(line, flush=True)
+    exps = queue_order(exps, profile, len(queue_slots))
     from ssmspec.summary import preflight
 
     missing = preflight(profile, allow_missing=allow_missing_baselines)  # before an hour of GPU runs, not after

@@ -16,7 +16,8 @@ Hydra job (and what tests call directly on a config composed with Hydra's compos
    staging folder inside ``out_dir`` that records its owner (ssmspec/rundir.py), then stream the bench
    function's rows into results.jsonl, one JSON line per measurement, adding the columns experiment,
    run_id, profile, device, device_name and weights; env.json then records the row count and the sha256 of
-   results.jsonl (and, from the start, the source hash of ``provenance``);
+   results.jsonl, and the seconds the rows took (``wall_s``; and, from the start, the source hash of
+   ``provenance``);
 3. move the files into ``out_dir`` on success, all of them or (on a signal meanwhile) after all of them;
    remove the staging folder on any failure, a signal included (ssmspec/interrupt.py).
 """
@@ -29,6 +30,7 @@ import logging
 import math
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -338,6 +340,7 @@ def _run(cfg: DictConfig, exp: Experiment, out_dir: Path) -> Path:
     log.info("experiment %s (profile %s, %s, %s weights) -> %s", exp.id, cfg.profile, env["device_name"], weights,
              out_dir)
     n = 0
+    t0 = time.perf_counter()
     try:
         with staged_dir(out_dir) as tmp:
             (tmp / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -353,7 +356,9 @@ def _run(cfg: DictConfig, exp: Experiment, out_dir: Path) -> Path:
             if n == 0:
                 raise UserError(f"experiment {exp.id!r} produced no rows with these settings; check its bench grid")
             # the rows this record describes: results.jsonl edited afterwards no longer matches (test_provenance)
-            env.update(rows=n, results_sha256=hashlib.sha256((tmp / "results.jsonl").read_bytes()).hexdigest())
+            # wall_s: how long the bench took to write its rows (reproduce queues the longest references first)
+            env.update(rows=n, results_sha256=hashlib.sha256((tmp / "results.jsonl").read_bytes()).hexdigest(),
+                       wall_s=round(time.perf_counter() - t0, 1))
             (tmp / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     except UserError:
         raise

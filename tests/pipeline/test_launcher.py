@@ -292,6 +292,35 @@ def test_reproduce_slots(monkeypatch, fake_gpus):
         _reproduce_slots("gpu", "0")
 
 
+def test_reproduce_queues_experiments_of_several_gpus_first_then_the_longest_references(tmp_path):
+    """With several slots: experiments of several GPUs first (a job waits for all its slots and holds the queue
+    behind it), then the longest first by their references' env.json wall_s, those with none before the rest;
+    ties keep the given order. One slot: the given order. An unreadable record counts as none."""
+    from types import SimpleNamespace as NS
+
+    from ssmspec.reproduce import queue_order, recorded_wall_s
+
+    def record(exp_id, profile, text):
+        (tmp_path / exp_id / profile).mkdir(parents=True)
+        (tmp_path / exp_id / profile / "env.json").write_text(text)
+
+    record("short", "gpu", json.dumps({"wall_s": 20.0}))
+    record("long", "gpu", json.dumps({"wall_s": 400.0}))
+    record("mid", "gpu", json.dumps({"wall_s": 90}))
+    record("mid", "cpu", json.dumps({"wall_s": 1.0}))
+    record("old", "gpu", json.dumps({"time": "2026-01-01"}))  # before runs recorded wall_s
+    record("broken", "gpu", "{not json")
+    exps = [NS(id=i, gpus=g) for i, g in (("short", 1), ("old", 1), ("mid", 1), ("pair", 2), ("long", 1),
+                                           ("broken", 1))]
+    assert recorded_wall_s("mid", "gpu", tmp_path) == 90.0 and recorded_wall_s("mid", "cpu", tmp_path) == 1.0
+    assert recorded_wall_s("old", "gpu", tmp_path) is None and recorded_wall_s("broken", "gpu", tmp_path) is None
+    ids = lambda order: [e.id for e in order]  # noqa: E731
+    assert ids(queue_order(exps, "gpu", 3, tmp_path)) == ["pair", "old", "broken", "long", "mid", "short"]
+    assert ids(queue_order(exps, "gpu", 1, tmp_path)) == ids(exps)
+    # on cpu every experiment takes one slot: only the times order them
+    assert ids(queue_order(exps, "cpu", 2, tmp_path)) == ["short", "old", "pair", "long", "broken", "mid"]
+
+
 def test_reproduce_runs_experiments_at_once_with_logs(cli, tmp_path, monkeypatch):
     conf = tmp_path / "conf"
     shutil.copytree(paths.CONF_DIR, conf)

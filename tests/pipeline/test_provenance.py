@@ -101,6 +101,7 @@ def test_run_records_source_and_rows(cli, tmp_path):
     assert env["source_hash"] == provenance.tree_hash(ROOT) and env["source_check"] in ("git", "mismatch", "unchecked")
     rows = (out / "results.jsonl").read_bytes()
     assert env["rows"] == len(rows.splitlines()) and env["results_sha256"] == hashlib.sha256(rows).hexdigest()
+    assert isinstance(env["wall_s"], float) and env["wall_s"] >= 0  # reproduce queues the longest references first
 
 
 def _is_shallow() -> bool:
