@@ -348,6 +348,18 @@ def format_markdown(rows: list[Staleness]) -> str:
     return "\n".join(out)
 
 
+def rerun_commands(rows: list[Staleness]) -> list[str]:
+    """One ``reproduce`` command per profile that reruns its stale references into results/ (then
+    ``python -m ssmspec figures``); none where nothing is stale."""
+    out = []
+    for profile in sorted({r.profile for r in rows}):
+        ids = [r.id for r in rows if r.profile == profile and r.status == STALE]
+        if ids:
+            out.append(f"rerun ({profile}): python -m ssmspec reproduce --profile {profile} --only {','.join(ids)} "
+                       f"--save-reference")
+    return out
+
+
 def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ssmspec.provenance", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -377,6 +389,8 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(format_report(rows))
             print(f"\n{n_stale} of {len(rows)} reference results stale")
+            for line in rerun_commands(rows):
+                print(line)
         return 1 if args.check and n_stale else 0
     files = [Path(p) for p in args.env] or sorted(RESULTS_DIR.glob("*/*/env.json")) + sorted(
         RESULTS_DIR.glob("*/env.json"))

@@ -314,7 +314,11 @@ def test_stale_unknown_commit_and_the_command(results_repo, monkeypatch, capsys)
     (repo / "conf" / "experiment" / "demo.yaml").write_text(
         (repo / "conf" / "experiment" / "demo.yaml").read_text() + "bench: {iters: 3}\n")
     assert provenance._main(["stale", "--profile", "cpu", "demo"]) == 0  # a report
-    assert "stale: 1 file: conf/experiment/demo.yaml" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "stale: 1 file: conf/experiment/demo.yaml" in out
+    assert out.rstrip().endswith("rerun (cpu): python -m ssmspec reproduce --profile cpu --only demo --save-reference")
+    assert provenance._main(["stale", "--profile", "gpu"]) == 0  # the gpu record's commit is unknown: not stale
+    assert "rerun" not in capsys.readouterr().out
     assert provenance._main(["stale", "--profile", "cpu", "--check"]) == 1
 
 
