@@ -18,9 +18,10 @@ own points. The points are fitted in a fixed order, so a run's ``kind: fit`` row
 (``CostModel.load``, the command line) are the same model. Where the points cannot tell knees apart (one measured
 B L above a gap: every knee in the gap fits them equally, with its own e), the fit takes the lowest, the last
 measured call below the gap: the cost then grows linearly across the gap instead of jumping at an arbitrary
-point inside it, and the choice no longer rests on rounding. The model alone predicts any (B, S, D); where a setting was measured the prediction is calibrated by
-that setting's measured / predicted ratio, interpolated in log B between its measured batches (held at the ends),
-so the policy neither trusts a smooth curve over a measurement nor needs one at every batch.
+point inside it, and the choice no longer rests on rounding. The model alone predicts any (B, S, D); where a
+setting was measured the prediction is calibrated by that setting's measured / predicted ratio, interpolated in
+log B between its measured batches (held at the ends), so the policy neither trusts a smooth curve over a
+measurement nor needs one at every batch.
 
 With a stated acceptance the expected tokens a step emits per sequence are 1 + E[accepted]
 (``drafting.oracle.expected_accepted``: chains, the best of D chains), so the predicted throughput of a setting is
