@@ -61,16 +61,6 @@ def worker_gpus(worker: str | None, gpus: str) -> str | None:
     return ",".join(ids[k:] + ids[:k])
 
 
-def visible_gpus() -> str:
-    """The GPUs this process sees, as ``CUDA_VISIBLE_DEVICES`` names them (0..n-1 when it is unset)."""
-    import torch
-
-    named = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if named is not None and named.strip():
-        return ",".join(g.strip() for g in named.split(",") if g.strip())
-    return ",".join(str(i) for i in range(torch.cuda.device_count()))
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -95,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             print("error: --spread spreads xdist workers: add them after --, e.g. "
                   "python -m ssmspec.gputests --spread -- -n 8", file=sys.stderr)
             return 2
-        child[SPREAD_ENV] = visible_gpus()
+        from hydra_plugins.ssmspec_launcher.gpu_queue import detect_devices
+
+        child[SPREAD_ENV] = ",".join(detect_devices())  # as CUDA_VISIBLE_DEVICES names them
     env = collect_env(device="cuda", weights="random")
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child)
