@@ -149,3 +149,60 @@ def test_summary_counts_seeds_at_goal_on_synthetic_rows():
     assert (he["min"], he["max"], he["seeds"]) == (1.5, 2.5, [0, 1, 2])
     assert (val["n_seeds"], val["std"], val["seeds_at_goal"], val["goal_met_all"]) == (1, None, 1, True)
     assert summarize_seeds(rows, 1.4)[0]["goal_met_all"] is True
+
+
+def test_variants_train_each_seed_once_per_variant_from_one_target(cli, tmp_path):
+    """Two variants of the draft's distillation for one seed: rows carry train_variant, each variant is a training
+    of its own (its own key and draft) from the seed's one target (the second reads it from the target cache), and
+    the summary is per variant (the law of its seed rows); the figure draws a column per variant."""
+    import json
+
+    cache = tmp_path / "cache"
+    variants = "bench.variants=[{name: short, overrides: ['distill.steps=10']}, {name: long, overrides: []}]"
+    rows = run_rows(cli, tmp_path, SHORT, "bench.seeds=[0]", "bench.sets=[validation]", variants,
+                    f"bench.cache_dir={cache}", plot=True)
+    seeds = [r for r in rows if r["kind"] == "seed"]
+    assert [(r["train_variant"], r["seed"]) for r in seeds] == [("short", 0), ("long", 0)]
+    assert all(r["status"] == "ok" and r["exact"] is True for r in seeds)
+    short, long_ = seeds
+    assert "distill.steps=10" in short["train_overrides"] and "distill.steps=10" not in long_["train_overrides"]
+    assert short["train_key"] != long_["train_key"] and short["draft_val_kl"] != long_["draft_val_kl"]
+    assert short["target_val_loss"] == long_["target_val_loss"]  # one target
+    targets = [json.loads((cache / r["train_key"] / "manifest.json").read_text())["models"]["mamba2-target"]
+               for r in seeds]
+    assert targets[0]["target_key"] == targets[1]["target_key"]
+    assert (targets[0]["target_cache_hit"], targets[1]["target_cache_hit"]) == (False, True)
+    summary = [r for r in rows if r["kind"] == "summary"]
+    assert [(s["train_variant"], s["n_seeds"]) for s in summary] == [("short", 1), ("long", 1)]
+    for s, r in zip(summary, seeds):
+        assert s["mean"] == s["min"] == s["max"] == r["mean_accepted"] and s["std"] is None
+
+
+@pytest.mark.parametrize("variants, why", [
+    ("[{name: a, overrides: []}, {name: a, overrides: ['distill.steps=5']}]", "repeats the name(s) ['a']"),
+    ("[{overrides: []}]", "bench.variants[0] must be {name: <label>"),
+    ("[{name: a, overrides: ['seed=2']}]", "bench.variants[0] (a) sets seed="),
+    ("[{name: a, overrides: 'distill.steps=5'}]", "bench.variants[0].overrides must be a list"),
+    ("[{name: a, overrides: ['distill.nope=5']}]", "nope")])
+def test_bad_variants_are_one_error_line_before_anything_trains(cli, tmp_path, variants, why):
+    cache = tmp_path / "cache"
+    status, _, err = cli("run", *SHORT, f"bench.variants={variants}", f"bench.cache_dir={cache}",
+                         f"results_dir={tmp_path / 'run'}")
+    assert status == 2 and why in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists() and not cache.exists()
+
+
+def test_summary_is_per_variant_on_synthetic_rows():
+    from ssmspec.bench.trained_seeds import check_variants, summarize_seeds
+
+    def row(variant, seed, v):
+        return {"kind": "seed", "status": "ok", "train_variant": variant, "family": "mamba2", "set": "humaneval",
+                "S": 4, "seed": seed, "mean_accepted": v, "exact": True}
+
+    rows = [row("a", 0, 1.0), row("a", 1, 3.0), row("b", 0, 2.5), row("b", 1, 2.5)]
+    a, b = summarize_seeds(rows, 2.0)
+    assert (a["train_variant"], a["mean"], a["seeds_at_goal"]) == ("a", 2.0, 1)
+    assert (b["train_variant"], b["mean"], b["seeds_at_goal"], b["std"]) == ("b", 2.5, 2, 0.0)
+    assert check_variants(None) == check_variants([]) == [None]
+    assert check_variants([{"name": "x", "overrides": ["distill.steps=9"]}]) == [
+        {"name": "x", "overrides": ["distill.steps=9"]}]

@@ -22,6 +22,12 @@ summary`` (one per family, set and S, after the seeds): ``n_seeds`` and the ``me
 ``max`` of the seeds' ``mean_accepted``, ``goal`` (``bench.goal_accepted``), ``seeds_at_goal`` (seeds with
 ``mean_accepted >= goal``) and ``goal_met_all``. A set missing on this machine (HumanEval not fetched) gives
 skipped rows naming the fix. All rows carry ``acceptance: measured`` and ``pair: trained``.
+
+``bench.variants`` (``[{name, overrides}]``; empty: the run as configured) measures several trainings of the same
+seeds, e.g. drafts distilled for more steps: every seed is trained once per variant with the variant's overrides
+after ``bench.train_overrides``; rows carry ``train_variant`` (its name) and the summary is per variant. A target
+depends on none of the draft's settings (``train/targets.py``), so variants that change only the draft distil
+from the seed's one target (trained by the first variant, read from the target cache by the others).
 """
 from __future__ import annotations
 
@@ -71,16 +77,49 @@ def _check(b: DictConfig) -> list[int]:
     if any(str(o).lstrip("+~").split("=")[0] == "seed" for o in b.get("train_overrides") or []):
         raise ValueError("bench.train_overrides sets seed=, which bench.seeds sets per run; drop it and list the "
                          "seeds in bench.seeds")
+    check_variants(b.get("variants"))
     return seeds
 
 
-def seed_blocks(b: DictConfig, seeds: list[int]) -> list[DictConfig]:
+VARIANT_FIX = "e.g. bench.variants=[{name: '900 steps', overrides: ['distill.steps=900']}]"
+
+
+def check_variants(variants) -> list[dict | None]:
+    """``bench.variants`` as ``[{"name": str, "overrides": [str, ...]}]`` in their order, ``[None]`` when empty (the
+    run as configured); one ValueError naming the fix otherwise."""
+    if variants is None or (OmegaConf.is_list(variants) or isinstance(variants, (list, tuple))) and not len(variants):
+        return [None]
+    if not (OmegaConf.is_list(variants) or isinstance(variants, (list, tuple))):
+        raise ValueError(f"bench.variants must be a list of {{name, overrides}} (got {variants!r}); {VARIANT_FIX}")
+    out = []
+    for i, v in enumerate(variants):
+        v = OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+        if not isinstance(v, dict) or set(v) - {"name", "overrides"} or not str(v.get("name") or "").strip():
+            raise ValueError(f"bench.variants[{i}] must be {{name: <label>, overrides: [key=value, ...]}}, got {v!r}; "
+                             f"{VARIANT_FIX}")
+        overrides = v.get("overrides") or []
+        if not isinstance(overrides, (list, tuple)):
+            raise ValueError(f"bench.variants[{i}].overrides must be a list of key=value strings, got {overrides!r}; "
+                             f"{VARIANT_FIX}")
+        if any(str(o).lstrip("+~").split("=")[0] == "seed" for o in overrides):
+            raise ValueError(f"bench.variants[{i}] ({v['name']}) sets seed=, which bench.seeds sets per run; drop it")
+        out.append({"name": str(v["name"]), "overrides": [str(o) for o in overrides]})
+    names = [v["name"] for v in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"bench.variants repeats the name(s) {dup}: rows and summaries are told apart by name; "
+                         f"rename them")
+    return out
+
+
+def seed_blocks(b: DictConfig, seeds: list[int], variant: dict | None = None) -> list[DictConfig]:
     """Per seed, the bench block ``bench/trained.py``'s functions read: the train run with ``seed=<s>``, the
-    user's overrides and the deletion of every family not measured (``~models.<name>``); every run composed and
-    its families checked here, before anything trains."""
+    user's overrides, the variant's (``check_variants``; None: none) and the deletion of every family not measured
+    (``~models.<name>``); every run composed and its families checked here, before anything trains."""
     wanted = families(b)
     base = {"train": str(b.train), "cache_dir": b.get("cache_dir"), "family": wanted,
-            "train_overrides": [str(o) for o in b.get("train_overrides") or []]}
+            "train_overrides": [str(o) for o in b.get("train_overrides") or []]
+            + list((variant or {}).get("overrides") or [])}
     trained = sorted(train_config(OmegaConf.create(base)).get("models") or {})
     others = [f"~models.{f}" for f in trained if f not in wanted]
     out = []
@@ -95,18 +134,18 @@ def seed_blocks(b: DictConfig, seeds: list[int]) -> list[DictConfig]:
 
 
 def summarize_seeds(rows: Iterable[dict], goal: float) -> list[dict]:
-    """Rows ``kind: summary``, one per (family, set, S) of the ``kind: seed`` rows with ``status: ok``, in the order
+    """Rows ``kind: summary``, one per (variant, family, set, S) of the ``kind: seed`` rows with ``status: ok``, in the order
     they first appear: n_seeds, mean, sample std (None for one seed), min and max of ``mean_accepted``, the goal,
     how many seeds reach it, whether all do, and whether every seed's output was exact."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r.get("kind") == "seed" and r.get("status") == "ok":
-            groups.setdefault((r.get("family"), r["set"], r["S"]), []).append(r)
+            groups.setdefault((r.get("train_variant"), r.get("family"), r["set"], r["S"]), []).append(r)
     out = []
-    for (family, name, S), rs in groups.items():
+    for (variant, family, name, S), rs in groups.items():
         vals = [float(r["mean_accepted"]) for r in rs]
         at_goal = sum(v >= goal for v in vals)
-        out.append({"kind": "summary", "status": "ok", "family": family, "set": name, "S": S,
+        out.append({"kind": "summary", "status": "ok", "train_variant": variant, "family": family, "set": name, "S": S,
                     "n_seeds": len(vals), "seeds": [r["seed"] for r in rs], "mean": statistics.fmean(vals),
                     "std": statistics.stdev(vals) if len(vals) > 1 else None, "min": min(vals), "max": max(vals),
                     "goal": float(goal), "seeds_at_goal": at_goal, "goal_met_all": at_goal == len(vals),
@@ -119,29 +158,33 @@ def run_seeds(cfg: DictConfig) -> Iterator[dict]:
     b = cfg.bench
     seeds = _check(b)
     goal = float(b.goal_accepted)
-    blocks = seed_blocks(b, seeds)  # every run composed and checked before the first trains
+    variants = check_variants(b.get("variants"))
+    runs = [(v, seed, block) for v in variants  # every run composed and checked before the first trains
+            for seed, block in zip(seeds, seed_blocks(b, seeds, v))]
     rows: list[dict] = []
     skipped: dict[tuple, str] = {}
-    for seed, block in track(list(zip(seeds, blocks)), desc="trained_seeds"):
+    for variant, seed, block in track(runs, desc="trained_seeds"):
         result = train_run(block)
+        name = None if variant is None else variant["name"]
         for family in families(block):
-            for r in _seed_rows(cfg, block, seed, load_pair(block, str(cfg.device), family, result)):
+            for r in _seed_rows(cfg, block, seed, load_pair(block, str(cfg.device), family, result), name):
                 if r["status"] != "ok":
-                    skipped.setdefault((family, r["set"]), r["reason"])
+                    skipped.setdefault((name, family, r["set"]), r["reason"])
                 rows.append(r)
                 yield r
     summary = summarize_seeds(rows, goal)
     yield from summary
-    done = {(s["family"], s["set"]) for s in summary}
-    for (family, name), reason in skipped.items():  # a set no seed could measure
-        if (family, name) not in done:
-            yield {"kind": "summary", "status": "skipped", "family": family, "set": name, "n_seeds": 0,
-                   "goal": goal, "reason": reason, "acceptance": "measured", "pair": "trained"}
+    done = {(s["train_variant"], s["family"], s["set"]) for s in summary}
+    for (name, family, set_name), reason in skipped.items():  # a set no seed could measure
+        if (name, family, set_name) not in done:
+            yield {"kind": "summary", "status": "skipped", "train_variant": name, "family": family, "set": set_name,
+                   "n_seeds": 0, "goal": goal, "reason": reason, "acceptance": "measured", "pair": "trained"}
 
 
-def _seed_rows(cfg: DictConfig, block: DictConfig, seed: int, pair) -> Iterator[dict]:
+def _seed_rows(cfg: DictConfig, block: DictConfig, seed: int, pair, variant: str | None) -> Iterator[dict]:
     b = cfg.bench
-    base = {**pair.info, "kind": "seed", "seed": seed, "acceptance": "measured", "dtype": "float32",
+    base = {**pair.info, "kind": "seed", "train_variant": variant, "seed": seed, "acceptance": "measured",
+            "dtype": "float32",
             "batch": int(b.batch), "prompt_len": int(b.prompt_len), "new_tokens": int(b.new_tokens),
             "val_files": len(pair.manifest["corpus"]["val_file_list"]), "strategy": str(b.chain_strategy),
             "drafter": "draft_model"}
@@ -159,6 +202,7 @@ def _seed_rows(cfg: DictConfig, block: DictConfig, seed: int, pair) -> Iterator[
             row, _ = decode_set(pair, pset.prompts, block, strategy=str(b.chain_strategy), opts=opts, reference=ref)
             out = {**head, "status": "ok", "S": int(S), "prompts": len(pset.prompts),
                    **{k: row[k] for k in DECODE_KEYS}}
-            log.info("seed %d %-10s S=%d mean accepted %.3f exact %s (pair %s)", seed, name, int(S),
-                     out["mean_accepted"], out["exact"], out["train_key"])
+            log.info("%sseed %d %-10s S=%d mean accepted %.3f exact %s (pair %s)",
+                     "" if variant is None else f"{variant}: ", seed, name, int(S), out["mean_accepted"],
+                     out["exact"], out["train_key"])
             yield out

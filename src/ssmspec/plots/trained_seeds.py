@@ -1,6 +1,7 @@
 """Figure of ``trained_seeds``: the draft's measured mean accepted length per training seed, one panel per family.
 
-One column of points per (set, S): each point a seed's pair (labelled with its seed; a hollow point: that seed's
+One column of points per (variant, set, S) (``train_variant``, e.g. drafts distilled for more steps; no label
+when the run has no variants): each point a seed's pair (labelled with its seed; a hollow point: that seed's
 output was not the autoregressive greedy output), beside it the mean over the seeds with a bar of +- one sample
 standard deviation, and the goal (``goal`` of the summary rows, 2.0) as a dashed line; under each column the
 number of seeds at or above the goal. The validation points of different seeds are measured on different held-out
@@ -22,8 +23,15 @@ from ssmspec.plots.style import provenance
 _COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 
 
+def _variant(r) -> str | None:
+    """The row's ``train_variant`` (None: the run as configured, also where the column is absent or NaN)."""
+    v = r.get("train_variant")
+    return v if isinstance(v, str) and v else None
+
+
 def _column(r) -> str:
-    return f"{r['set']}, S={int(r['S'])}"
+    head = f"{_variant(r)}\n" if _variant(r) else ""
+    return f"{head}{r['set']}, S={int(r['S'])}"
 
 
 def plot_seeds(df: pd.DataFrame, out: Path) -> None:
@@ -36,8 +44,8 @@ def plot_seeds(df: pd.DataFrame, out: Path) -> None:
     fams = list(dict.fromkeys(seeds["family"]))
     all_seeds = sorted({int(s) for s in seeds["seed"]})
     color = {s: _COLORS[i % len(_COLORS)] for i, s in enumerate(all_seeds)}
-    fig, axes = plt.subplots(1, len(fams), figsize=(max(8.0, 2.4 * seeds.groupby(["set", "S"]).ngroups + 2),
-                                                    5.2), squeeze=False)
+    n_cols = len({_column(r) for _, r in seeds.iterrows()})
+    fig, axes = plt.subplots(1, len(fams), figsize=(max(8.0, 2.4 * n_cols + 2), 5.2), squeeze=False)
     goal = float(summary["goal"].iloc[0]) if len(summary) else None
     for ax, fam in zip(axes[0], fams):
         d = seeds[seeds["family"] == fam]
@@ -53,7 +61,8 @@ def plot_seeds(df: pd.DataFrame, out: Path) -> None:
                            edgecolors=color[s], label=None if s in labelled else f"seed {s}")
                 labelled.add(s)
             sm = summary[(summary["family"] == fam) & (summary["set"] == rows[0]["set"]) &
-                         (summary["S"] == rows[0]["S"])]
+                         (summary["S"] == rows[0]["S"]) &
+                         (summary.apply(_variant, axis=1) == _variant(rows[0]) if len(summary) else True)]
             if len(sm):
                 m = sm.iloc[0]
                 std = m["std"] if pd.notna(m["std"]) else 0.0
