@@ -80,7 +80,7 @@ def plot_seeds(df: pd.DataFrame, out: Path) -> None:
         r = d.iloc[0]
         ax.set_title(f"{fam}: {r['drafter']} chains, {r['strategy']}; {int(r['prompts'])} prompts x "
                      f"{int(r['new_tokens'])} new tokens per set", fontsize=8)
-        ax.legend(fontsize=7, loc="upper right")
+        ax.legend(fontsize=7, loc="best")  # where it covers the fewest points and labels
     r = seeds.iloc[0]
     n = len(all_seeds)
     where = df.assign(weights=f"trained {r['train_run']}")  # one weights label, not one per seed's cache key
