@@ -57,7 +57,23 @@ def _cfg_job(args: list[str]) -> bool:
         a in ("-p", "--package") for a in args)
 
 
-def _one_line(e: Exception) -> str:
+def _unquoted_equals(overrides: list[str]) -> tuple[str, str] | None:
+    """(override, its fix) for the first override whose list value holds an element with an unquoted ``=``, such as
+    ``bench.train_overrides=[distill.steps=600]``: Hydra's grammar reads that ``=`` as the start of a new key."""
+    for ov in overrides:
+        key, eq, value = ov.partition("=")
+        value = value.strip()
+        if not eq or not value.startswith("[") or not value.endswith("]"):
+            continue
+        if "=" not in re.sub(r"'[^']*'|\"[^\"]*\"", "", value):
+            continue
+        items = [i.strip() for i in value[1:-1].split(",")]
+        fixed = [f'"{i}"' if "=" in i and not re.fullmatch(r"'.*'|\".*\"", i) else i for i in items]
+        return ov, f"{key}=[{','.join(fixed)}]"
+    return None
+
+
+def _one_line(e: Exception, overrides: list[str] = ()) -> str:
     """A Hydra composition or parse error as one line naming the key and the fix."""
     first = str(e).strip().splitlines()[0].rstrip(".") if str(e).strip() else type(e).__name__
     cause = str(e.__cause__ or "").strip().splitlines()
@@ -65,6 +81,10 @@ def _one_line(e: Exception) -> str:
         return f"{first}: no such key; check its spelling (`python -m ssmspec run experiment=<id> --cfg job` " \
                f"lists every key)"
     if "no viable alternative" in first or "mismatched input" in first or "extraneous input" in first:
+        bad = _unquoted_equals(list(overrides))
+        if bad is not None:
+            return (f"cannot parse the override {bad[0]}: a list element holding '=' must be quoted; write "
+                    f"{bad[1]} (in a shell, the whole override in single quotes: '{bad[1]}')")
         return f"cannot parse an override ({first}); see https://hydra.cc/docs/advanced/override_grammar/basic"
     return f"{first}: {cause[0]}" if cause else first
 
@@ -103,7 +123,7 @@ def _precheck(overrides: list[str], *, multirun: bool) -> list:
             for ov in variants:
                 cfgs.append(prepare(compose("config", overrides=ov), cli_overrides=ov)[0])
     except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(_one_line(e)) from e
+        raise ValueError(_one_line(e, overrides)) from e
     finally:
         quiet.setLevel(level)
     return cfgs

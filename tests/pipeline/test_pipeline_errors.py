@@ -31,6 +31,8 @@ CASES = [
     pytest.param([*TINY, "+no_such_key=1"], "'no_such_key' is not a setting of any config", id="added-unknown-key"),
     pytest.param([*TINY, "model.d_model=wide"], "d_model", id="hydra-bad-type"),
     pytest.param([*TINY, "bench.batch=[1"], "cannot parse an override", id="hydra-parse"),
+    pytest.param([*TINY, "bench.batch=[1,x.y=2]"], "a list element holding '=' must be quoted; write "
+                 "bench.batch=[1,\"x.y=2\"] (in a shell", id="hydra-parse-list-equals"),
     pytest.param([*TINY, "+sampling.temprature=0.5"], "sampling has no field 'temprature'; its fields: temperature",
                  id="sampling-added-field"),
     pytest.param([*TINY, "sampling.temperature=0.5"], "does not read sampling.temperature", id="not-read-sampling"),
