@@ -206,3 +206,23 @@ def test_summary_is_per_variant_on_synthetic_rows():
     assert check_variants(None) == check_variants([]) == [None]
     assert check_variants([{"name": "x", "overrides": ["distill.steps=9"]}]) == [
         {"name": "x", "overrides": ["distill.steps=9"]}]
+
+
+def test_the_figure_finds_each_columns_summary_with_and_without_variants():
+    """The mean bar of a column is its own summary row's: matched on the variant (None for a run without variants,
+    which pandas' == would never match), family, set and S."""
+    import pandas as pd
+
+    from ssmspec.plots.trained_seeds import _summary_of
+
+    def summ(variant, name, mean):
+        return {"kind": "summary", "train_variant": variant, "family": "mamba2", "set": name, "S": 4, "mean": mean}
+
+    plain = pd.DataFrame([summ(None, "humaneval", 1.0), summ(None, "validation", 2.0)])
+    row = {"train_variant": None, "family": "mamba2", "set": "validation", "S": 4}
+    assert _summary_of(plain, "mamba2", row)["mean"].tolist() == [2.0]
+    legacy = plain.drop(columns=["train_variant"])  # records from before variants existed
+    assert _summary_of(legacy.assign(train_variant=float("nan")), "mamba2", row)["mean"].tolist() == [2.0]
+    both = pd.DataFrame([summ("a", "validation", 3.0), summ("b", "validation", 4.0)])
+    assert _summary_of(both, "mamba2", {**row, "train_variant": "b"})["mean"].tolist() == [4.0]
+    assert _summary_of(both.iloc[:0], "mamba2", row).empty

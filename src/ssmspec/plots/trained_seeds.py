@@ -29,6 +29,14 @@ def _variant(r) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
+def _summary_of(summary: pd.DataFrame, family: str, r) -> pd.DataFrame:
+    """The summary rows of seed row ``r``'s (variant, family, set, S); a run without variants matches on None."""
+    if not len(summary):
+        return summary
+    same = summary.apply(lambda s: _variant(s) or "", axis=1) == (_variant(r) or "")  # None == None is False in pandas
+    return summary[same & (summary["family"] == family) & (summary["set"] == r["set"]) & (summary["S"] == r["S"])]
+
+
 def _column(r) -> str:
     head = f"{_variant(r)}\n" if _variant(r) else ""
     return f"{head}{r['set']}, S={int(r['S'])}"
@@ -60,9 +68,7 @@ def plot_seeds(df: pd.DataFrame, out: Path) -> None:
                 ax.scatter(x, r["mean_accepted"], s=36, zorder=3, color=color[s] if r["exact"] else "none",
                            edgecolors=color[s], label=None if s in labelled else f"seed {s}")
                 labelled.add(s)
-            sm = summary[(summary["family"] == fam) & (summary["set"] == rows[0]["set"]) &
-                         (summary["S"] == rows[0]["S"]) &
-                         (summary.apply(_variant, axis=1) == _variant(rows[0]) if len(summary) else True)]
+            sm = _summary_of(summary, fam, rows[0])
             if len(sm):
                 m = sm.iloc[0]
                 std = m["std"] if pd.notna(m["std"]) else 0.0
