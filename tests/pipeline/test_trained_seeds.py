@@ -92,9 +92,13 @@ def test_a_goal_between_the_seeds_splits_them(seed_run, cli, tmp_path):
 @pytest.mark.parametrize("seeds, why", [("[]", "bench.seeds is empty"), ("[1,2,1]", "bench.seeds repeats [1]"),
                                         ("[-1]", "bench.seeds[0] must be a finite number >= 0")])
 def test_bad_seeds_are_one_error_line_before_anything_trains(cli, tmp_path, seeds, why):
+    _refused_before_training(cli, tmp_path, f"bench.seeds={seeds}", why)
+
+
+def _refused_before_training(cli, tmp_path, override: str, why: str) -> None:
+    """SHORT with ``override`` exits 2 with one error line holding ``why``; no run folder, nothing trained."""
     cache = tmp_path / "cache"
-    status, _, err = cli("run", *SHORT, f"bench.seeds={seeds}", f"bench.cache_dir={cache}",
-                         f"results_dir={tmp_path / 'run'}")
+    status, _, err = cli("run", *SHORT, override, f"bench.cache_dir={cache}", f"results_dir={tmp_path / 'run'}")
     assert status == 2 and why in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists() and not cache.exists()
 
@@ -185,11 +189,7 @@ def test_variants_train_each_seed_once_per_variant_from_one_target(cli, tmp_path
     ("[{name: a, overrides: 'distill.steps=5'}]", "bench.variants[0].overrides must be a list"),
     ("[{name: a, overrides: ['distill.nope=5']}]", "nope")])
 def test_bad_variants_are_one_error_line_before_anything_trains(cli, tmp_path, variants, why):
-    cache = tmp_path / "cache"
-    status, _, err = cli("run", *SHORT, f"bench.variants={variants}", f"bench.cache_dir={cache}",
-                         f"results_dir={tmp_path / 'run'}")
-    assert status == 2 and why in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "run").exists() and not cache.exists()
+    _refused_before_training(cli, tmp_path, f"bench.variants={variants}", why)
 
 
 def test_summary_is_per_variant_on_synthetic_rows():
