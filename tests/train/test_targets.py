@@ -82,3 +82,20 @@ def test_runs_that_differ_in_their_drafts_train_the_target_once(tmp_path):
     assert (first.entry / drafts).read_bytes() != (second.entry / drafts).read_bytes()
     log = [json.loads(line)["model"] for line in (second.entry / "train_log.jsonl").read_text().splitlines()]
     assert log.count("mamba2-target") == 3 and log.count("mamba2-draft") == 2  # evaluations at 0, 6, 12 / 0, 3
+
+
+def test_a_family_distils_for_its_own_steps(tmp_path):
+    """``models.<family>.distill`` overrides the run's distillation loop for that family's draft alone: the same
+    draft as the run with the global ``distill.steps`` at that count, from the same cached target; a bad field is
+    refused by name before anything trains."""
+    own = _train(tmp_path, "distill.steps=6", "+models.mamba2.distill.steps=3")
+    glob = _train(tmp_path, "distill.steps=3")
+    d_own, d_glob = own.manifest["models"]["mamba2-draft"], glob.manifest["models"]["mamba2-draft"]
+    assert own.entry != glob.entry and own.manifest["models"]["mamba2-target"]["target_key"] == \
+        glob.manifest["models"]["mamba2-target"]["target_key"]
+    assert d_own["tokens_seen"] == d_glob["tokens_seen"] == 3 * 8 * 32
+    drafts = "mamba2-draft/model.safetensors"
+    assert (own.entry / drafts).read_bytes() == (glob.entry / drafts).read_bytes()
+    with pytest.raises(ValueError, match=r"models.mamba2.distill: unknown keys \['stpes'\]"):
+        _train(tmp_path / "bad", "+models.mamba2.distill.stpes=3")
+    assert not (tmp_path / "bad").exists()

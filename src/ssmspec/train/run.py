@@ -16,7 +16,9 @@ Targets are also cached by a key of their own (``targets.py``: corpus, tokenizer
 model config, seed), so runs that differ only in their drafts train each target once; every draft is distilled
 from its target as loaded back from the checkpoint, so it is the same draft whether the target was trained by this
 run or an earlier one. A models entry may give ``attention_share`` instead of placing attention in its pattern
-(``attention_pattern``): the share of the pattern's mixer layers that become attention, evenly spaced.
+(``attention_pattern``): the share of the pattern's mixer layers that become attention, evenly spaced. A family may
+also set ``distill`` (``models.<family>.distill.steps=900``): fields over the run's ``distill`` loop for that
+family's draft alone (a draft that pays for more steps beside one that does not; the targets are unchanged).
 """
 from __future__ import annotations
 
@@ -103,6 +105,15 @@ def model_config(spec: dict, *, name: str, vocab_size: int, seed: int) -> ModelC
         raise ValueError(f"models entry {name!r}: {e}") from None
 
 
+def family_loop(base: dict, extra: dict | None, family: str) -> LoopConfig:
+    """The distillation loop of ``family``'s draft: the run's ``distill`` with ``models.<family>.distill``'s fields
+    over it (None or empty: the run's loop)."""
+    if extra is not None and not isinstance(extra, dict):
+        raise ValueError(f"models.{family}.distill must be a mapping of loop fields (e.g. "
+                         f"models.{family}.distill.steps=900), got {extra!r}")
+    return LoopConfig.from_dict({**base, **(extra or {})}, f"models.{family}.distill" if extra else "distill")
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -125,9 +136,10 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
     if not models:
         raise ValueError("models is empty; name at least one family, e.g. models.mamba2.target.preset=tiny-mamba2")
     for fam, pair in models.items():
-        _keys(pair, {"target", "draft"}, f"models.{fam}")
+        _keys(pair, {"target", "draft", "distill"}, f"models.{fam}")
         for role in ("target", "draft"):  # refused before the corpus is read (the tokenizer sets the vocabulary)
             model_config(pair[role], name=f"{fam}-{role}", vocab_size=int(tc["vocab_size"]), seed=seed)
+        loops[f"distill:{fam}"] = family_loop(cfg["distill"], pair.get("distill"), fam)
     corpus = load_corpus(root=cc.get("root"), max_bytes=int(cc.get("max_bytes") or 0),
                          val_fraction=float(cc.get("val_fraction", 0.1)), min_bytes=int(cc.get("min_bytes", 10_000)),
                          seed=seed)
@@ -170,7 +182,7 @@ def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int,
             raise ValueError(f"models.{fam}: the draft's family {d_cfg.family!r} differs from the target's "
                              f"{t_cfg.family!r}; a draft is distilled within its family")
         check_memory(t_cfg, loops["train"], device)
-        check_memory(d_cfg, loops["distill"], device, frozen=t_cfg)
+        check_memory(d_cfg, loops[f"distill:{fam}"], device, frozen=t_cfg)
         pairs[fam] = t_cfg, d_cfg
 
     out: dict = {}
@@ -182,11 +194,12 @@ def _build(tmp: Path, corpus, tc: dict, loops: dict, models: dict, *, seed: int,
         out[t_cfg.name] = {"path": t_cfg.name, "family": fam, "role": "target", **record}
         target = load_model(tmp / t_cfg.name, device=device, dtype=torch.float32)  # as a reused one is read
         draft = build_model(d_cfg, seed=seed + 1, device=device)
-        val_d = windows_for_eval(val_stream, loops["distill"])
-        stats = fit(draft, kl_to_target(target), train_stream, val_d, loops["distill"], seed=seed + 1,
-                    label=d_cfg.name, log_file=log_file)
+        loop = loops[f"distill:{fam}"]
+        val_d = windows_for_eval(val_stream, loop)
+        stats = fit(draft, kl_to_target(target), train_stream, val_d, loop, seed=seed + 1, label=d_cfg.name,
+                    log_file=log_file)
         stats = {"initial_val_kl": stats.pop("initial_val_loss"), "val_kl": stats.pop("val_loss"), **stats,
-                 "val_loss": evaluate(draft, lm_loss, val_d, loops["distill"])}
+                 "val_loss": evaluate(draft, lm_loss, val_d, loop)}
         export_checkpoint(draft, tmp / d_cfg.name, tokenizer_dir=tmp / "tokenizer")
         out[d_cfg.name] = {"path": d_cfg.name, "family": fam, "role": "draft", "params": d_cfg.num_parameters(),
                            "target": t_cfg.name, **stats}
