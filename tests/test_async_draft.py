@@ -294,6 +294,47 @@ def test_captured_two_streams_equal_eager_on_cuda(temperature, preset):
     assert runs[0] == runs[1]
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_speculation_forced_to_overlap_the_target_equals_eager(monkeypatch, temperature):
+    """The one-GPU speculation graph and the target's graph started at the same instant (main held behind a
+    sleeping gate, which also releases the side stream: it waits on main's event) in every round, three runs:
+    each decodes what the eager run decodes. Guards the separate capture stream of the speculation
+    (engine/graphs.py roles): graphs of one capture stream share cuBLAS's workspace, and this model's verify and
+    branch calls (15-21 rows) are cuBLAS GEMMs. MambaInLlama: the preset whose two failures of
+    test_draft_on_a_second_gpu_equals_one_gpu under load were never reproduced alone."""
+    from ssmspec.engine import speculate
+
+    overlap = speculate.Speculation.overlap
+
+    def gated(self, target):
+        if self.side is not None and self.spec_graph is not None and not self.remote:
+            gate = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(gate):
+                torch.cuda._sleep(100_000)
+            torch.cuda.current_stream(self.device).wait_event(gate.record_event())
+        return overlap(self, target)
+
+    cfg = load_preset("tiny-mamba-in-llama")
+    target = build_model(cfg, seed=0, device="cuda", dtype=torch.float32)
+    draft = build_model(cfg, seed=1, device="cuda", dtype=torch.float32)
+    opts = dict(draft=draft, draft_len=S, fanout=[2, 2, 1, 1, 1], temperature=temperature,
+                residual_scale=0.5 if temperature else 1.0)
+    sampling = SamplingConfig(temperature=temperature, seed=5)
+
+    def run(graphed):
+        d = make_drafter("async_draft", **opts)
+        out = generate(target, PROMPTS, max_new_tokens=40, strategy="snapshot", drafter=d, sampling=sampling,
+                       cuda_graph=graphed)
+        return out.sequences, d.hit_counts()
+
+    eager = run(False)
+    monkeypatch.setattr(speculate.Speculation, "overlap", gated)
+    for _ in range(3):
+        assert run(True) == eager
+
+
 def _cuda_pair(preset: str, *, noise: float, vocab: int | None = None):
     """``_pair`` on the GPU in float32."""
     cfg = load_preset(preset)

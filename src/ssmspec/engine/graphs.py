@@ -7,13 +7,21 @@ included -- ran on cuda:1's stream: the cuda:0 work was not captured at all, a r
 increment outside graph capture encountered unexpectedly", and a Triton launch with cuda:0 pointers failed with
 "Pointer argument cannot be accessed from Triton". (Seen on two H100s: 54 GPU tests failed in the pytest workers
 that had first captured on cuda:1.) Every graph the engine captures goes through ``capture_on``, which captures on
-a stream of the given GPU: one per GPU, kept for the process as torch keeps its own.
+a stream of the given GPU: one per GPU and role, kept for the process as torch keeps its own.
+
+Roles: graphs that may replay at the same time on two streams of one GPU are captured on different streams. torch
+gives cuBLAS a workspace per (handle, current stream), and a captured GEMM keeps the address of its capture
+stream's workspace; two graphs of one capture stream replayed at once would share that scratch (any GEMM that
+splits its reduction writes partial sums there). The engine's graphs replay in order on one stream (``main``);
+the speculation of an asynchronous drafter replays beside the target's step on a side stream
+(``engine/speculate.py``), so it is captured with the role ``speculate``.
 """
 from __future__ import annotations
 
 import torch
 
-_STREAMS: dict[int, torch.cuda.Stream] = {}
+_STREAMS: dict[tuple[int, str], torch.cuda.Stream] = {}
+ROLES = ("main", "speculate")
 
 
 def _index(device) -> int:
@@ -23,14 +31,17 @@ def _index(device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def capture_stream(device) -> torch.cuda.Stream:
-    """The side stream of ``device`` (a CUDA device; no index: the current one) that its graphs capture on."""
-    i = _index(device)
-    if i not in _STREAMS:
-        _STREAMS[i] = torch.cuda.Stream(i)
-    return _STREAMS[i]
+def capture_stream(device, role: str = "main") -> torch.cuda.Stream:
+    """The side stream of ``device`` (a CUDA device; no index: the current one) that its graphs of ``role``
+    (``ROLES``, module doc) capture on."""
+    if role not in ROLES:
+        raise ValueError(f"unknown capture role {role!r}; choose one of {', '.join(ROLES)}")
+    key = (_index(device), role)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(key[0])
+    return _STREAMS[key]
 
 
-def capture_on(graph: torch.cuda.CUDAGraph, device) -> torch.cuda.graph:
-    """``torch.cuda.graph(graph)`` capturing on ``device``'s own capture stream (module doc)."""
-    return torch.cuda.graph(graph, stream=capture_stream(device))
+def capture_on(graph: torch.cuda.CUDAGraph, device, role: str = "main") -> torch.cuda.graph:
+    """``torch.cuda.graph(graph)`` capturing on ``device``'s own capture stream for ``role`` (module doc)."""
+    return torch.cuda.graph(graph, stream=capture_stream(device, role))

@@ -116,7 +116,7 @@ class Speculation:
                 d.merge_backup()
         self.spec_graph = torch.cuda.CUDAGraph()
         register(self.spec_graph, d.speculate_generators())
-        with capture_on(self.spec_graph, self.draft_dev):
+        with capture_on(self.spec_graph, self.draft_dev, role="speculate"):  # it replays beside the target's graph
             d.speculate()
         return draft_graph
 
