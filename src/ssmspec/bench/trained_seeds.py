@@ -74,11 +74,17 @@ def _check(b: DictConfig) -> list[int]:
         raise ValueError("bench.batch, bench.num_prompts, bench.prompt_len and bench.new_tokens must be >= 1")
     if not b.draft_len or min(int(s) for s in b.draft_len) < 1:
         raise ValueError(f"bench.draft_len needs chain lengths S >= 1, got {list(b.draft_len)}")
-    if any(str(o).lstrip("+~").split("=")[0] == "seed" for o in b.get("train_overrides") or []):
+    if _sets_seed(b.get("train_overrides")):
         raise ValueError("bench.train_overrides sets seed=, which bench.seeds sets per run; drop it and list the "
                          "seeds in bench.seeds")
     check_variants(b.get("variants"))
     return seeds
+
+
+def _sets_seed(overrides) -> bool:
+    """Whether Hydra overrides (``key=value``, ``+key=value``, ``~key``) set the train run's seed, which bench.seeds
+    sets per run."""
+    return any(str(o).lstrip("+~").split("=")[0] == "seed" for o in overrides or [])
 
 
 VARIANT_FIX = "e.g. bench.variants=[{name: '900 steps', overrides: ['distill.steps=900']}]"
@@ -101,7 +107,7 @@ def check_variants(variants) -> list[dict | None]:
         if not isinstance(overrides, (list, tuple)):
             raise ValueError(f"bench.variants[{i}].overrides must be a list of key=value strings, got {overrides!r}; "
                              f"{VARIANT_FIX}")
-        if any(str(o).lstrip("+~").split("=")[0] == "seed" for o in overrides):
+        if _sets_seed(overrides):
             raise ValueError(f"bench.variants[{i}] ({v['name']}) sets seed=, which bench.seeds sets per run; drop it")
         out.append({"name": str(v["name"]), "overrides": [str(o) for o in overrides]})
     names = [v["name"] for v in out]
