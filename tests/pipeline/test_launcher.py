@@ -262,8 +262,10 @@ def test_sweep_through_submitit_local_executor(cli, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not C.cuda_available(), reason="needs CUDA")
 def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
+    """Both jobs queue on one GPU: the first this machine shows (a suite spread over GPUs 1-3 shows no GPU 0)."""
+    gpu = detect_devices()[0]
     out = tmp_path / "sweep"
-    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", "hydra.launcher.devices=[0]",
+    status, _, err = cli("run", "-m", "hydra/launcher=gpu_queue", f"hydra.launcher.devices=[{gpu}]",
                          "experiment=kernel_parity", "profile=gpu", "bench.presets=[mamba2-130m]",
                          "bench.batch=[1],[16]", "bench.sweep_batch=[]", "bench.sweep=[]", f"results_dir={out}")
     assert status == 0, err
@@ -271,7 +273,7 @@ def test_gpu_queue_two_jobs_on_one_gpu(cli, tmp_path):
     assert len(jobs) == 2
     for job in jobs:
         env = json.loads((job / "env.json").read_text())
-        assert env["device"] == "cuda" and env["cuda_visible_devices"] == "0" and env["device_count"] == 1
+        assert env["device"] == "cuda" and env["cuda_visible_devices"] == gpu and env["device_count"] == 1
         assert (job / "results.jsonl").read_text().strip()
     rows = [json.loads(line) for line in (out / "jobs.jsonl").read_text().splitlines()]
     starts = sorted(r["started"] for r in rows)
