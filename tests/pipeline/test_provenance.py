@@ -354,6 +354,16 @@ def test_declared_bench_and_drafting_modules_declare_what_they_import():
         assert not missing, f"conf/experiment/{exp.id}.yaml decided_by lacks {sorted(missing)}"
 
 
+def test_experiments_that_run_the_engine_declare_its_capture_module():
+    """Every graph the engine captures goes through engine/graphs.py (capture stream per GPU and role), so an
+    experiment whose numbers the engine decides is decided by it too: a change there marks the result stale."""
+    from ssmspec.registry import experiments
+
+    missing = [exp.id for exp in experiments() if registry.decides(exp.decided_by, "src/ssmspec/engine/engine.py")
+               and not registry.decides(exp.decided_by, "src/ssmspec/engine/graphs.py")]
+    assert not missing, f"decided_by lists src/ssmspec/engine/engine.py but not engine/graphs.py: {missing}"
+
+
 def test_a_wrong_hint_is_named_and_the_tree_still_finds_its_commit(repo, monkeypatch):
     """A device run whose SSMSPEC_GIT_SHA named an older commit: the record says mismatch; the source hash
     still identifies the commit whose tree ran (the one that introduced it, not a later results commit)."""
