@@ -19,8 +19,13 @@ order, as the graph the engine captures on a GPU (``Engine._eager`` is what ``En
 weights (structure decides the launches, not the values; ``--width`` shrinks every width for the interpreter's
 sake, keeping layer counts and patterns), prefills a batch, runs a warm-up step, and prints per line (autoregressive
 and each ``strategy + drafter`` at each S) the launches of one step, split into drafting and the target step, with
-the most frequent kernels; ``--json`` writes the table. Counted on the CPU at 3f98c86-era code the Mamba-2 pair's
-replay + draft_model step came to one kernel below the GPU profile's 258 (the GPU's extra one: a memset-free fill).
+the most frequent kernels; ``--json`` writes the table.
+
+How close it is, against ``kernels_per_step`` of ``trained_acceptance``'s GPU record (ed8e512, one H100; batch 1,
+replay + draft_model at S = 4), counted here at ``--width 64``: the Mamba-2 pair 150 / 257 against 151 / 258 (one
+kernel a step more on the GPU); the Nemotron-H pair 169 / 350 against 170 / 374 and the GDN pair 499 / 914 against
+575 / 1057: attention and the GDN mixers take other paths on the CPU than on a GPU, so for those families the count
+says where launches go, and is a lower bound of their number.
 """
 from __future__ import annotations
 
