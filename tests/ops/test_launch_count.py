@@ -44,7 +44,7 @@ def _args(**kw) -> argparse.Namespace:
 def test_a_step_of_the_tiny_pair_launches_six_kernels_a_mamba2_layer_and_the_draft_its_own(monkeypatch):
     """conf/train/tiny.yaml's Mamba-2 target has 2 layers: an autoregressive step is add + RMSNorm, in_proj, conv
     update, SSM update, gated norm and out_proj a layer, then the final norm, the LM head, the embedding, the
-    argmax, the report's zeroing and the emit -- on the GPU, ``kernels_per_step`` counts one more (a fill). The
+    argmax, the report's zeroing and the emit (on the GPU, ``kernels_per_step`` counts one more). The
     replay verify has the same six a layer (its fused verify in place of the SSM update); drafting is the draft
     model's calls. No step reads a device value on the host (a captured step could not)."""
     monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
