@@ -130,28 +130,23 @@ def count_step(eng) -> dict:
             "draft_kernels": dict(draft.kernels.most_common()), "target_kernels": dict(target.kernels.most_common())}
 
 
+SHARED_HEADS = (("ssm_heads", "n_groups"), ("n_heads", "n_kv_heads"), ("gdn_v_heads", "gdn_k_heads"))
+
+
 def _narrow(spec: dict, width: int | None) -> dict:
-    """A ``models`` entry with every width cut to at most ``width`` (heads of 64 -> fewer heads), layer counts kept."""
-    if not width:
-        return spec
-    out = dict(spec)
+    """A ``models`` entry with every width cut to at most ``width`` (heads of 64 -> fewer heads), layer counts kept:
+    each head count scaled (at least 1), the heads they share (groups, KV heads, GDN key heads) cut to the largest
+    divisor of it that is no more than before."""
+    if not width or width >= int(spec["d_model"]):
+        return dict(spec)
     scale = width / int(spec["d_model"])
-    if scale >= 1:
-        return out
-    out["d_model"] = width
-    for k in ("ssm_heads", "n_heads", "gdn_v_heads"):
-        if k in out:
-            out[k] = max(1, int(round(int(out[k]) * scale)))
-    for k in ("n_kv_heads", "gdn_k_heads", "n_groups"):
-        if k in out:
-            out[k] = max(1, min(int(out[k]), int(out.get({"n_kv_heads": "n_heads", "gdn_k_heads": "gdn_v_heads",
-                                                            "n_groups": "ssm_heads"}[k], 1))))
-    if "n_heads" in out and "n_kv_heads" in out:
-        while int(out["n_heads"]) % int(out["n_kv_heads"]):
-            out["n_kv_heads"] = int(out["n_kv_heads"]) - 1
-    if "gdn_v_heads" in out and "gdn_k_heads" in out:
-        while int(out["gdn_v_heads"]) % int(out["gdn_k_heads"]):
-            out["gdn_k_heads"] = int(out["gdn_k_heads"]) - 1
+    out = {**spec, "d_model": width}
+    for heads, shared in SHARED_HEADS:
+        if heads in out:
+            out[heads] = max(1, round(int(out[heads]) * scale))
+        if shared in out:
+            n = int(out.get(heads, 1))
+            out[shared] = next(d for d in range(min(int(out[shared]), n), 0, -1) if n % d == 0)
     if "d_ff" in out:
         out["d_ff"] = max(64, int(int(out["d_ff"]) * scale))
     return out
