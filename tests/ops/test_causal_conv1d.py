@@ -7,7 +7,7 @@ import torch
 from kernel_checks import TOL, assert_close
 
 from ssmspec.ops.causal_conv1d import (causal_conv1d_ref, causal_conv1d_update, causal_conv1d_update_slots,
-                                       conv_state_advance)
+                                       conv_state_advance, conv_state_commit)
 
 
 def _inputs(bsz, L, Cdim, W, dtype, device, seed=0):
@@ -67,6 +67,35 @@ def test_conv_state_advance_kernel(device):
     conv_state_advance(s_k, x, keep, backend="triton")
     conv_state_advance(s_r, x, keep, backend="reference")
     assert torch.equal(s_k, s_r) and torch.equal(s_k[0], st[0])
+
+
+@pytest.mark.parametrize("W", [4, 2])
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_conv_state_commit_is_replay_commit_and_advance_of_every_layer(W, backend, device):
+    """n = 3 layers x B = 4 sequences, rows layer-major: every layer's count moves by accepted + 1 of its
+    sequence, and every row's conv state advances as ``conv_state_advance`` does with keep = accepted + 1 --
+    exactly, in one call; inputs past a row's keep are never read (NaN there changes nothing)."""
+    n, B, L = 3, 4, 5
+    x, st, _, _ = _inputs(n * B, L, 300, W, torch.bfloat16, device)
+    accepted = torch.tensor([0, 4, 2, 1], device=device)  # keep 1 .. 5 = L
+    for r in range(n * B):
+        x[r, int(accepted[r % B]) + 1:] = float("nan")
+    count = torch.arange(n * B, device=device).view(n, B) * 10
+    s_got, c_got = st.clone(), count.clone()
+    conv_state_commit(s_got, x, accepted, c_got, backend=backend)
+    s_want = st.clone()
+    conv_state_advance(s_want, x, (accepted + 1).repeat(n), backend="reference")
+    assert torch.equal(c_got, count + accepted + 1)
+    assert torch.equal(s_got, s_want) and not s_got.isnan().any()
+
+
+def test_conv_state_commit_refuses_shapes_that_do_not_pair_layers_and_sequences(device):
+    x, st, _, _ = _inputs(6, 3, 8, 4, torch.float32, device)
+    count, accepted = torch.zeros(2, 3, dtype=torch.long, device=device), torch.zeros(3, dtype=torch.long, device=device)
+    with pytest.raises(ValueError, match=r"needs count \(n, B\), accepted \(B,\) and conv_state \(n B, C, W-1\)"):
+        conv_state_commit(st, x, accepted[:2], count)
+    with pytest.raises(ValueError, match="needs count and accepted int64"):
+        conv_state_commit(st, x, accepted.int(), count)
 
 
 @pytest.mark.parametrize("W", [pytest.param(4, id="W4"), pytest.param(3, id="W3")])

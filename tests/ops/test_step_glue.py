@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from ssmspec.ops.step_glue import absorb_plan, absorb_plan_ref, chain_verdict, chain_verdict_ref, emit, emit_ref
+from ssmspec.strategies.base import StepInputs
+from ssmspec.strategies.snapshot import Snapshot
 
 PAD = 0
 EOS = 4
@@ -25,7 +27,8 @@ def _case(device, *, B, A, W, S1, cap=12, seed=0):
     outs = {"ids": torch.full((B, A), -7, device=device), "pos": torch.full((B, A), -7, device=device),
             "valid": torch.ones(B, A, dtype=torch.bool, device=device), "src": torch.full((B,), -7, device=device),
             "n": torch.full((B,), -7, device=device), "skip_eff": torch.full((B,), -7, device=device),
-            "last_idx": torch.full((B,), -7, device=device), "row_pos": torch.full((B * W, S1), -7, device=device)}
+            "last_idx": torch.full((B,), -7, device=device), "row_pos": torch.full((B * W, S1), -7, device=device),
+            "slot_dst": torch.full((B, A), -7, device=device)}
     return inputs, outs
 
 
@@ -40,7 +43,8 @@ def _spelled_plan(inputs, *, A, S1, resumes, width, per_row, slots_base):
     """The law one row at a time, in Python ints (ops/absorb_plan's module doc)."""
     t = {k: v.cpu().tolist() for k, v in inputs.items()}
     B, cap, W = len(t["length"]), len(t["tokens"][0]), width
-    out = {k: [] for k in ("ids", "pos", "valid", "src", "n", "skip_eff", "last_idx", "consumed", "skip", "row_pos")}
+    out = {k: [] for k in ("ids", "pos", "valid", "src", "n", "skip_eff", "last_idx", "consumed", "skip", "row_pos",
+                           "slot_dst")}
     for b in range(B):
         behind = max(t["length"][b] - t["consumed"][b], 0)
         s = min(t["skip"][b], max(behind - 1, 0))
@@ -57,6 +61,7 @@ def _spelled_plan(inputs, *, A, S1, resumes, width, per_row, slots_base):
         out["consumed"].append(t["consumed"][b] + s + n)
         out["skip"].append(0)
         out["row_pos"] += [[t["consumed"][b] + s + n + d for d in range(S1)] for _ in range(W)]
+        out["slot_dst"].append([b if j == n - 1 else -1 for j in range(A)])  # committed slot b, last fed column
     return out
 
 
@@ -75,6 +80,20 @@ def test_absorb_plan_kernel_equals_twin_and_the_law(device, resumes, B, A, W, S1
         # the inputs it only reads are untouched
         for name in ("tokens", "length", "skip_row"):
             assert torch.equal(got[name], inputs[name])
+        # slot_dst / n are the plan a snapshot call would make from valid and the committed slots (the draft engine
+        # hands them over instead, so the strategy launches nothing for it)
+        step = StepInputs(got["ids"], got["pos"], valid=got["valid"], dst_slot=torch.arange(B, device=device)[:, None])
+        keep, dst = Snapshot._per_call(step)
+        assert torch.equal(keep, got["n"]) and torch.equal(dst, got["slot_dst"]), seed
+
+
+def test_absorb_plan_without_slot_dst_writes_the_same_plan(device):
+    inputs, outs = _case(device, B=5, A=3, W=2, S1=2, seed=2)
+    kw = dict(resumes=True, width=2, per_row=2, slots_base=5)
+    without = {k: v for k, v in outs.items() if k != "slot_dst"}
+    for fn in (lambda *a, **k: absorb_plan(*a, **k, backend="triton"), absorb_plan_ref):
+        full, part = _run_plan(fn, inputs, outs, **kw), _run_plan(fn, inputs, without, **kw)
+        assert all(torch.equal(full[k], part[k]) for k in part)
 
 
 def test_absorb_plan_law_catches_a_plan_that_forgets_the_bound_on_skip(device):
@@ -100,6 +119,9 @@ def test_absorb_plan_refuses_bad_buffers_with_what_is_wrong(device):
         absorb_plan(*inputs.values(), **bad, **kw)
     bad = {**outs, "n": outs["n"][:2]}
     with pytest.raises(ValueError, match=r"n has shape \(2,\), expected \(3,\)"):
+        absorb_plan(*inputs.values(), **bad, **kw)
+    bad = {**outs, "slot_dst": outs["slot_dst"][:, :1]}
+    with pytest.raises(ValueError, match=r"slot_dst has shape \(3, 1\), expected \(3, 2\)"):
         absorb_plan(*inputs.values(), **bad, **kw)
     bad = {**outs, "row_pos": outs["row_pos"].int()}
     with pytest.raises(ValueError, match="row_pos must be int64"):

@@ -117,6 +117,9 @@ class DraftEngine:
         self._ids, self._apos = torch.zeros(B, self.A, **long), torch.zeros(B, self.A, **long)
         self._valid = torch.zeros(B, self.A, dtype=torch.bool, device=dev)
         self._src, self._n, self._skip_eff, self._last_idx = (torch.zeros(B, **long) for _ in range(4))
+        # a slot strategy's per-call plan (Snapshot._per_call: tokens fed, state slot per column), written by the
+        # absorb's plan, so the strategy does not make it again in six launches
+        self._slot_dst = torch.zeros(B, self.A, **long)
         self._prefill(prompts)
 
     def _work(self, depth: int | Tensor, w: Tensor, seq: Tensor | None = None) -> Tensor:
@@ -179,7 +182,7 @@ class DraftEngine:
         if self.chains:
             if row is None and self.W != 1:  # refused before anything changes
                 raise ValueError(f"resume(None, ...) names row 0, but this engine drafts {self.W} rows per sequence")
-            self.skip.copy_(accepted.clamp(max=self.S - 1))
+            torch.clamp(accepted, max=self.S - 1, out=self.skip)  # one launch (clamp, then copy_: two)
             if row is not None:
                 self.skip_row.copy_(row)
 
@@ -193,7 +196,7 @@ class DraftEngine:
         absorb_plan(buf.tokens, buf.length, self.consumed, self.skip, self.skip_row, ids=self._ids, pos=self._apos,
                     valid=self._valid, src=self._src, n=self._n, skip_eff=self._skip_eff, last_idx=self._last_idx,
                     row_pos=self._pos, pad=self.model.cfg.pad_token_id, resumes=self.chains, width=self.W,
-                    per_row=self.P, slots_base=self.batch)
+                    per_row=self.P, slots_base=self.batch, slot_dst=self._slot_dst)
         if self.chains and self.kv:
             rows = self.home * self.W + self.skip_row  # (B,) the resumed drafting row
             for kv in self.kv:  # keys the accepted depths fed join the cache first: (B, S-1, Hkv, D)
@@ -201,7 +204,8 @@ class DraftEngine:
         for kv in self.kv:
             kv.set_call("commit")
         self.ctx.step = StepInputs(self._ids, self._apos, valid=self._valid, kv_bound=self.capacity,
-                                   src_slot=self._src, dst_slot=self.home[:, None])
+                                   src_slot=self._src, dst_slot=self.home[:, None],
+                                   extras={"slot_keep": self._n, "slot_dst": self._slot_dst})
         h = self.model.hidden(self._ids, self.ctx)  # (B, A, d)
         last = h.gather(1, self._last_idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
         for kv in self.kv:

@@ -13,7 +13,8 @@ the oldest cached entry and the number ``count`` = h of committed entries. One c
    the ring window under a causal mask (seed 000, Alg. 2 / 4) -- no state is materialized;
 3. ``commit`` moves ``count`` by the accepted count + 1 on the device (rejected entries lie beyond the
    pointer and are overwritten next call), and advances the conv state over the accepted tokens from the
-   call's cached conv inputs (``conv_state_advance``); only committed entries are ever folded.
+   call's cached conv inputs, both in one launch for every layer (``conv_state_commit``: ``replay_commit`` and
+   ``conv_state_advance`` fused); only committed entries are ever folded.
 
 The conv runs over [conv state, call tokens] without updating the state (``causal_conv1d_update`` with
 ``update_state=False``), so rejected drafts never reach it.
@@ -40,10 +41,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_advance
-from ssmspec.ops.gdn import (gdn_replay_commit, gdn_replay_flush_flags, gdn_replay_state_ref, gdn_replay_verify,
+from ssmspec.ops.causal_conv1d import causal_conv1d_update, conv_state_commit
+from ssmspec.ops.gdn import (gdn_replay_flush_flags, gdn_replay_state_ref, gdn_replay_verify,
                              gdn_tree_scan)
-from ssmspec.ops.replay import replay_commit, replay_commit_path, replay_verify
+from ssmspec.ops.replay import replay_commit_path, replay_verify
 from ssmspec.ops.tree_scan import tree_conv1d
 from ssmspec.strategies.base import (GDNInputs, GDNParams, MambaParams, MixerInputs, SpecConfig, StepInputs,
                                      StrategyBase, register_strategy)
@@ -184,8 +185,8 @@ class Replay(StrategyBase):
                                    self.gdn_ring_k.view(ng * bsz, Rg, *self.gdn_ring_k.shape[3:]),
                                    self.gdn_head.view(-1), self.gdn_count.view(-1), path)
                 gin = gin.gather(1, path[..., None].expand(-1, -1, cg))
-            gdn_replay_commit(self.gdn_count, verdict.accepted)
-            conv_state_advance(self.gdn_conv_state.view(ng * bsz, cg, -1), gin, (verdict.accepted + 1).repeat(ng))
+            # gdn_replay_commit (count += accepted + 1) and the conv advance of every layer, one launch
+            conv_state_commit(self.gdn_conv_state.view(ng * bsz, cg, -1), gin, verdict.accepted, self.gdn_count)
         n, bsz, Lc, cdim = self.conv_in.shape
         if not n:
             return
@@ -197,6 +198,5 @@ class Replay(StrategyBase):
                                self.ring_dt.view(n * bsz, R, -1), self.ring_B.view(n * bsz, R, *self.ring_B.shape[3:]),
                                self.head.view(-1), self.count.view(-1), path)
             conv_in = conv_in.gather(1, path[..., None].expand(-1, -1, cdim))  # (n*B, K, conv_dim) path inputs
-        replay_commit(self.count, verdict.accepted)  # (n, B) += accepted + 1, broadcast over layers
-        keep = (verdict.accepted + 1).repeat(n)  # (n*B,)
-        conv_state_advance(self.conv_state.view(n * bsz, cdim, -1), conv_in, keep)
+        # replay_commit ((n, B) += accepted + 1, broadcast over layers) and the conv advance, one launch
+        conv_state_commit(self.conv_state.view(n * bsz, cdim, -1), conv_in, verdict.accepted, self.count)

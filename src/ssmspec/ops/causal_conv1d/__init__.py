@@ -1,15 +1,17 @@
 """Causal depthwise conv1d with a carried state (no dependency on the CUDA-only causal-conv1d package).
 
 ``causal_conv1d`` (prompt pass, returns the new state) stays the reference; the decode-time ops
-``causal_conv1d_update`` (a few tokens over [state, x]) and ``conv_state_advance`` (the rollback offset)
-dispatch Triton on CUDA.
+``causal_conv1d_update`` (a few tokens over [state, x]), ``conv_state_advance`` (the rollback offset) and
+``conv_state_commit`` (a replay commit: the ring counts and the conv advance of every layer, one launch) dispatch
+Triton on CUDA.
 """
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from ssmspec.ops.causal_conv1d.naive import (causal_conv1d_ref, causal_conv1d_update_ref, causal_conv1d_update_slots_ref,
-                                             conv_state_advance_ref)
+                                             conv_state_advance_ref, conv_state_commit_ref)
 from ssmspec.ops.dispatch import use_triton
 
 causal_conv1d = causal_conv1d_ref
@@ -59,6 +61,25 @@ def conv_state_advance(conv_state: Tensor, x: Tensor, keep: Tensor, *, backend: 
     conv_state_advance_ref(conv_state, x, keep)
 
 
+def conv_state_commit(conv_state: Tensor, x: Tensor, accepted: Tensor, count: Tensor, *, backend: str = "auto") -> None:
+    """A replay commit of n layers in one launch: ``count`` (n, B) int64 += accepted + 1 (the pending token and the
+    accepted drafts join the ring), and ``conv_state`` (n B, C, W-1), rows layer-major, becomes in place the last
+    W-1 inputs of [conv_state, x[r, :accepted[r % B] + 1]] (``conv_state_advance`` with keep = accepted + 1 for
+    every layer). x (n B, L, C), accepted (B,) int64 in [0, L - 1]. In PyTorch (the reference) that is four launches
+    besides the advance: the add, the in-place add and the (accepted + 1).repeat(n) it takes. Device-side."""
+    if count.dim() != 2 or accepted.shape != (count.shape[1],) or conv_state.shape[0] != count.numel():
+        raise ValueError(f"conv_state_commit needs count (n, B), accepted (B,) and conv_state (n B, C, W-1); got "
+                         f"{tuple(count.shape)}, {tuple(accepted.shape)}, {tuple(conv_state.shape)}")
+    if count.dtype != torch.long or accepted.dtype != torch.long or not count.is_contiguous():
+        raise ValueError(f"conv_state_commit needs count and accepted int64 (count contiguous); got {count.dtype}, "
+                         f"{accepted.dtype}")
+    if use_triton(conv_state, x, accepted, count, backend=backend):
+        from ssmspec.ops.causal_conv1d.triton import conv_state_commit_triton
+        conv_state_commit_triton(conv_state, x, accepted.contiguous(), count)
+        return
+    conv_state_commit_ref(conv_state, x, accepted, count)
+
+
 __all__ = ["causal_conv1d", "causal_conv1d_ref", "causal_conv1d_update", "causal_conv1d_update_ref",
            "causal_conv1d_update_slots", "causal_conv1d_update_slots_ref", "conv_state_advance",
-           "conv_state_advance_ref"]
+           "conv_state_advance_ref", "conv_state_commit", "conv_state_commit_ref"]

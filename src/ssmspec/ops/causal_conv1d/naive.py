@@ -67,3 +67,11 @@ def causal_conv1d_update_slots_ref(x: Tensor, pool: Tensor, weight: Tensor, bias
     idx = n.long()[:, None] + torch.arange(W1, device=x.device)[None]  # (B, W-1)
     pool[dst_slot.long()] = full.gather(2, idx[:, None, :].expand(-1, full.shape[1], -1))
     return y
+
+
+def conv_state_commit_ref(conv_state: Tensor, x: Tensor, accepted: Tensor, count: Tensor) -> None:
+    """A replay commit's pointer move and conv advance (``ops.causal_conv1d.conv_state_commit``), one op at a time:
+    count (n, B) += accepted + 1, then ``conv_state_advance_ref`` of conv_state (n B, C, W-1) by accepted + 1
+    inputs of x (n B, L, C), the same for each of the n layers."""
+    count += accepted + 1
+    conv_state_advance_ref(conv_state, x, (accepted + 1).repeat(count.shape[0]))

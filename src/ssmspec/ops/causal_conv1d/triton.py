@@ -83,12 +83,18 @@ def _conv_update_kernel(x_ptr, st_ptr, w_ptr, bias_ptr, y_ptr, src_ptr, dst_ptr,
 
 
 @triton.jit
-def _conv_advance_kernel(x_ptr, st_ptr, keep_ptr, Cdim, x_b, x_l, x_c, s_b, s_c, s_w,
-                         W1: tl.constexpr, BLOCK_C: tl.constexpr):
+def _conv_advance_kernel(x_ptr, st_ptr, keep_ptr, count_ptr, Cdim, KB, x_b, x_l, x_c, s_b, s_c, s_w,
+                         W1: tl.constexpr, BLOCK_C: tl.constexpr, COMMIT: tl.constexpr):
     b = tl.program_id(0)
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask_c = offs_c < Cdim
-    keep = tl.load(keep_ptr + b).to(tl.int32)
+    if COMMIT:  # keep = accepted + 1 of row b's sequence (rows are layer-major: b = layer * KB + sequence); the
+        #         first channel block's program also moves the row's count (nothing else reads it in this launch)
+        keep = tl.load(keep_ptr + b % KB).to(tl.int32) + 1
+        if tl.program_id(1) == 0:
+            tl.store(count_ptr + b, tl.load(count_ptr + b) + keep)
+    else:
+        keep = tl.load(keep_ptr + b).to(tl.int32)
     if keep > 0:
         xb = x_ptr + b * x_b
         sb = st_ptr + b * s_b
@@ -178,5 +184,13 @@ def conv_state_advance_triton(conv_state: Tensor, x: Tensor, keep: Tensor) -> No
         raise ValueError(f"keep must be (B,) = ({bsz},), got {tuple(keep.shape)}")
     keep = keep.to(device=x.device, dtype=torch.int64).contiguous()
     grid = (bsz, triton.cdiv(Cdim, _BLOCK_C))
-    _conv_advance_kernel[grid](x, conv_state, keep, Cdim, *x.stride(), *conv_state.stride(), W1=W1,
-                               BLOCK_C=_BLOCK_C, num_warps=4)
+    _conv_advance_kernel[grid](x, conv_state, keep, keep, Cdim, bsz, *x.stride(), *conv_state.stride(), W1=W1,
+                               BLOCK_C=_BLOCK_C, COMMIT=False, num_warps=4)
+
+
+def conv_state_commit_triton(conv_state: Tensor, x: Tensor, accepted: Tensor, count: Tensor) -> None:
+    """Triton form of ``conv_state_commit`` (see ``ssmspec.ops.causal_conv1d``; it checks the arguments)."""
+    rows, L, Cdim, W1 = _check(x, conv_state)
+    grid = (rows, triton.cdiv(Cdim, _BLOCK_C))
+    _conv_advance_kernel[grid](x, conv_state, accepted, count, Cdim, accepted.shape[0], *x.stride(),
+                               *conv_state.stride(), W1=W1, BLOCK_C=_BLOCK_C, COMMIT=True, num_warps=4)

@@ -57,34 +57,38 @@ from ssmspec.ops.step_glue.naive import absorb_plan_ref, chain_verdict_ref, emit
 def absorb_plan(tokens: Tensor, length: Tensor, consumed: Tensor, skip: Tensor, skip_row: Tensor, *,
                 ids: Tensor, pos: Tensor, valid: Tensor, src: Tensor, n: Tensor, skip_eff: Tensor, last_idx: Tensor,
                 row_pos: Tensor, pad: int, resumes: bool, width: int, per_row: int, slots_base: int,
-                backend: str = "auto") -> None:
+                slot_dst: Tensor | None = None, backend: str = "auto") -> None:
     """Write the plan (module doc) into ``ids``, ``pos`` (B, A) int64, ``valid`` (B, A) bool, ``src``, ``n``,
     ``skip_eff``, ``last_idx`` (B,) int64, and advance ``consumed``, ``skip`` (B,) and ``row_pos`` (B W, S1)
-    in place. Every tensor contiguous, int64 but ``valid``, on one device; nothing allocated on the Triton path
-    (capturable)."""
+    in place. ``slot_dst`` (B, A) int64, when given, gets the state slot of every column of the call for a
+    slot-addressed strategy: the committed slot b at the last fed column (n - 1), -1 (no store) elsewhere --
+    ``Snapshot._per_call``'s plan, made here instead of in six launches of every absorb. Every tensor contiguous,
+    int64 but ``valid``, on one device; nothing allocated on the Triton path (capturable)."""
     B, A = ids.shape
     if B < 1 or A < 1 or width < 1 or per_row < 1:
         raise ValueError(f"absorb_plan needs B, A, width and per_row >= 1, got {B}, {A}, {width}, {per_row}")
     per_seq = {"length": length, "consumed": consumed, "skip": skip, "skip_row": skip_row, "src": src, "n": n,
                "skip_eff": skip_eff, "last_idx": last_idx}
+    outs = {"slot_dst": slot_dst} if slot_dst is not None else {}
     shapes = {**{k: (t, (B,)) for k, t in per_seq.items()}, "pos": (pos, (B, A)), "valid": (valid, (B, A)),
-              "row_pos": (row_pos, (B * width, row_pos.shape[1] if row_pos.dim() == 2 else -1))}
+              "row_pos": (row_pos, (B * width, row_pos.shape[1] if row_pos.dim() == 2 else -1)),
+              **{k: (t, (B, A)) for k, t in outs.items()}}
     for name, (t, shape) in shapes.items():
         if tuple(t.shape) != shape:
             raise ValueError(f"absorb_plan: {name} has shape {tuple(t.shape)}, expected {shape}")
-    for name, t in {**per_seq, "tokens": tokens, "ids": ids, "pos": pos, "row_pos": row_pos}.items():
+    for name, t in {**per_seq, "tokens": tokens, "ids": ids, "pos": pos, "row_pos": row_pos, **outs}.items():
         if t.dtype != torch.long:
             raise ValueError(f"absorb_plan: {name} must be int64, got {t.dtype}")
     if valid.dtype != torch.bool:
         raise ValueError(f"absorb_plan: valid must be bool, got {valid.dtype}")
-    every = [tokens, ids, pos, valid, row_pos, *per_seq.values()]
+    every = [tokens, ids, pos, valid, row_pos, *per_seq.values(), *outs.values()]
     if len({t.device for t in every}) != 1 or not all(t.is_contiguous() for t in every[1:]):
         raise ValueError("absorb_plan: every tensor must be on one device, and every output contiguous")
     if tokens.dim() != 2 or tokens.shape[0] != B or tokens.stride(1) != 1:
         raise ValueError(f"absorb_plan: tokens must be (B, capacity) with unit column stride, got "
                          f"{tuple(tokens.shape)} / {tokens.stride()}")
     kw = dict(ids=ids, pos=pos, valid=valid, src=src, n=n, skip_eff=skip_eff, last_idx=last_idx, row_pos=row_pos,
-              pad=pad, resumes=resumes, width=width, per_row=per_row, slots_base=slots_base)
+              pad=pad, resumes=resumes, width=width, per_row=per_row, slots_base=slots_base, slot_dst=slot_dst)
     if use_triton(*every, backend=backend):
         from ssmspec.ops.step_glue.triton import absorb_plan_triton
         absorb_plan_triton(tokens, length, consumed, skip, skip_row, **kw)

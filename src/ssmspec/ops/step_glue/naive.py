@@ -8,7 +8,7 @@ from torch import Tensor
 def absorb_plan_ref(tokens: Tensor, length: Tensor, consumed: Tensor, skip: Tensor, skip_row: Tensor, *,
                     ids: Tensor, pos: Tensor, valid: Tensor, src: Tensor, n: Tensor, skip_eff: Tensor,
                     last_idx: Tensor, row_pos: Tensor, pad: int, resumes: bool, width: int, per_row: int,
-                    slots_base: int) -> None:
+                    slots_base: int, slot_dst: Tensor | None = None) -> None:
     """Writes the plan into the given tensors and advances ``consumed``, ``skip`` and ``row_pos`` in place
     (``ops.step_glue.absorb_plan``)."""
     B, A = ids.shape
@@ -29,6 +29,8 @@ def absorb_plan_ref(tokens: Tensor, length: Tensor, consumed: Tensor, skip: Tens
     else:
         src.copy_(home)
     n.copy_(cnt)
+    if slot_dst is not None:  # the committed slot b at the last fed column, -1 (no store) elsewhere
+        slot_dst.copy_(torch.where(col == (cnt - 1)[:, None], home[:, None], -1))
     skip_eff.copy_(s)
     last_idx.copy_((cnt - 1).clamp(min=0))
     consumed.add_(s + cnt)

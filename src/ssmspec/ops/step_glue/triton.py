@@ -9,8 +9,9 @@ from torch import Tensor
 
 @triton.jit
 def _absorb_plan_kernel(tok_ptr, len_ptr, cons_ptr, skip_ptr, row_ptr, ids_ptr, pos_ptr, valid_ptr, src_ptr, n_ptr,
-                        seff_ptr, last_ptr, rpos_ptr, cap, pad, width, per_row, slots_base, s_tok, S1,
-                        A: tl.constexpr, A_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, RESUMES: tl.constexpr):
+                        seff_ptr, last_ptr, rpos_ptr, sdst_ptr, cap, pad, width, per_row, slots_base, s_tok, S1,
+                        A: tl.constexpr, A_BLOCK: tl.constexpr, D_BLOCK: tl.constexpr, RESUMES: tl.constexpr,
+                        HAS_SLOT_DST: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     length = tl.load(len_ptr + b)
     cons = tl.load(cons_ptr + b)
@@ -32,6 +33,8 @@ def _absorb_plan_kernel(tok_ptr, len_ptr, cons_ptr, skip_ptr, row_ptr, ids_ptr, 
         src = b
     tl.store(src_ptr + b, src)
     tl.store(n_ptr + b, cnt)
+    if HAS_SLOT_DST:  # the committed slot b at the last fed column, -1 (no store) elsewhere
+        tl.store(sdst_ptr + b * A + col, tl.where(col == cnt - 1, b, -1), mask=inside)
     tl.store(seff_ptr + b, s)
     tl.store(last_ptr + b, tl.maximum(cnt - 1, 0))
     new = cons + s + cnt
@@ -45,14 +48,15 @@ def _absorb_plan_kernel(tok_ptr, len_ptr, cons_ptr, skip_ptr, row_ptr, ids_ptr, 
 def absorb_plan_triton(tokens: Tensor, length: Tensor, consumed: Tensor, skip: Tensor, skip_row: Tensor, *,
                        ids: Tensor, pos: Tensor, valid: Tensor, src: Tensor, n: Tensor, skip_eff: Tensor,
                        last_idx: Tensor, row_pos: Tensor, pad: int, resumes: bool, width: int, per_row: int,
-                       slots_base: int) -> None:
+                       slots_base: int, slot_dst: Tensor | None = None) -> None:
     """Triton form of ``absorb_plan`` (the public function checks shapes and dtypes)."""
     B, A = ids.shape
     S1 = row_pos.shape[1]
     _absorb_plan_kernel[(B,)](tokens, length, consumed, skip, skip_row, ids, pos, valid.view(torch.int8), src, n,
-                              skip_eff, last_idx, row_pos, tokens.shape[1], pad, width, per_row, slots_base,
-                              tokens.stride(0), S1, A=A, A_BLOCK=triton.next_power_of_2(A),
-                              D_BLOCK=triton.next_power_of_2(S1), RESUMES=resumes, num_warps=1)
+                              skip_eff, last_idx, row_pos, n if slot_dst is None else slot_dst, tokens.shape[1], pad,
+                              width, per_row, slots_base, tokens.stride(0), S1, A=A, A_BLOCK=triton.next_power_of_2(A),
+                              D_BLOCK=triton.next_power_of_2(S1), RESUMES=resumes, HAS_SLOT_DST=slot_dst is not None,
+                              num_warps=1)
 
 
 @triton.jit
