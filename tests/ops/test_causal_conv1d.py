@@ -136,6 +136,19 @@ def test_conv_large(device):
     assert torch.equal(s_k, s_r)
 
 
+@pytest.mark.gpu
+def test_conv_state_commit_large(device):
+    """nemotron-h-4b's conv width at batch 256 over 4 layers (rows layer-major), every keep 1 .. 7."""
+    n, B = 4, 256
+    x, st, _, _ = _inputs(n * B, 7, 7168 + 2 * 8 * 128, 4, torch.bfloat16, device)
+    accepted = torch.arange(B, device=device) % 7
+    count = torch.randint(0, 50, (n, B), device=device)
+    s_k, c_k, s_r, c_r = st.clone(), count.clone(), st.clone(), count.clone()
+    conv_state_commit(s_k, x, accepted, c_k, backend="triton")
+    conv_state_commit(s_r, x, accepted, c_r, backend="reference")
+    assert torch.equal(s_k, s_r) and torch.equal(c_k, c_r)
+
+
 @pytest.mark.parametrize("args, match", [
     ({"pool_shape": (9, 299, 3)}, r"need x \(B, L, C\) and a pool \(slots, C, W-1\) with W = 2..4"),
     ({"pool_shape": (9, 300, 4)}, r"need x \(B, L, C\) and a pool \(slots, C, W-1\) with W = 2..4"),
