@@ -99,3 +99,18 @@ def test_a_family_distils_for_its_own_steps(tmp_path):
     with pytest.raises(ValueError, match=r"models.mamba2.distill: unknown keys \['stpes'\]"):
         _train(tmp_path / "bad", "+models.mamba2.distill.stpes=3")
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_run_level_distill_override_that_a_family_loop_shadows_is_named():
+    """On the gpu run (its Mamba-2 and Nemotron-H drafts have loops of their own) ``distill.steps=600`` reaches the
+    GDN draft only: ``train`` names the two it does not reach and how to reach them; a family-level override, a
+    field no family sets, and the tiny run (no family loops) give no note."""
+    from ssmspec.train.command import compose_train, shadowed_distill
+
+    gpu = ["distill.steps=600"]
+    notes = shadowed_distill(compose_train("gpu", gpu), gpu)
+    assert notes == [f"distill.steps=600 does not reach the {f} draft: models.{f}.distill.steps=900 is its own "
+                     f"loop's; set models.{f}.distill.steps to change it" for f in ("mamba2", "nemotron_h")]
+    for overrides in (["models.mamba2.distill.steps=600"], ["distill.lr=0.001"]):
+        assert shadowed_distill(compose_train("gpu", overrides), overrides) == []
+    assert shadowed_distill(compose_train("tiny", gpu), gpu) == []

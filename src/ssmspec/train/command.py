@@ -8,6 +8,7 @@ leaves no cache entry (``cache.py``).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ssmspec import paths
 from ssmspec.cli_checks import _error
@@ -43,6 +44,23 @@ def compose_train(name: str, overrides: list[str]) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def shadowed_distill(cfg: dict, overrides: list[str]) -> list[str]:
+    """Notes for ``distill.<field>=...`` overrides that a family's own loop (``models.<family>.distill``, which
+    ``train/run.py:family_loop`` lays over the run's) keeps from reaching that family's draft."""
+    notes = []
+    for o in overrides:
+        key, _, value = str(o).lstrip("+").partition("=")
+        if not key.startswith("distill.") or not value:
+            continue
+        field = key.split(".", 1)[1]
+        for fam, pair in sorted((cfg.get("models") or {}).items()):
+            own = (pair or {}).get("distill") or {}
+            if field in own:
+                notes.append(f"{key}={value} does not reach the {fam} draft: models.{fam}.distill.{field}="
+                             f"{own[field]} is its own loop's; set models.{fam}.distill.{field} to change it")
+    return notes
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="ssmspec train", description=__doc__.split("\n\n")[0])
     parser.add_argument("name", nargs="?", default="tiny", help=f"a run of conf/train/ ({', '.join(run_names())})")
@@ -56,7 +74,10 @@ def main(argv: list[str]) -> int:
     from ssmspec.train.run import describe, train_pairs
 
     try:
-        result = train_pairs(compose_train(args.name, args.overrides), retrain=args.retrain)
+        cfg = compose_train(args.name, args.overrides)
+        for note in shadowed_distill(cfg, args.overrides):
+            print(f"note: {note}", file=sys.stderr)
+        result = train_pairs(cfg, retrain=args.retrain)
     except ValueError as e:
         return _error(str(e).replace("\n", " "))
     print(describe(result))
