@@ -115,14 +115,25 @@ def test_a_family_the_train_run_lacks_is_one_error_line(cli, tmp_path, train_cac
 def test_captured_throughput_rows_count_the_kernels_of_a_step(cli, tmp_path, train_cache):
     """On CUDA with graphs every throughput row carries the kernels one step launches (profiled after the timed
     steps, within the engine's budget): a speculative step (its drafting, the wider verify, the verdict and the
-    commit) launches more than an autoregressive one, and a whole number of kernels a step."""
-    tp = ("+bench.throughput={sets: [validation], batch: [1], draft_len: [3], R: 8, prompt_len: 32, dtype: auto, "
-          "cuda_graph: auto, warmup: 1, iters: 4, lines: [{drafter: draft_model, strategy: replay}, "
+    commit) launches more than an autoregressive one, and a whole number of kernels a step; rows at
+    ``profile_batches`` carry the per-kernel table of that step, the others do not."""
+    tp = ("+bench.throughput={sets: [validation], batch: [1, 2], draft_len: [3], R: 8, prompt_len: 32, "
+          "dtype: auto, cuda_graph: auto, warmup: 1, iters: 4, profile_batches: [1], "
+          "lines: [{drafter: draft_model, strategy: replay}, "
           "{drafter: png, strategy: replay}]}")
     rows = run_rows(cli, tmp_path, SMALL, "device=cuda", "bench.sets=[validation]", f"bench.cache_dir={train_cache}",
                     tp)
-    thr = {r["line"]: r for r in rows if r["kind"] == "throughput"}
-    assert all(r["status"] == "ok" and r["timing"] == "cuda_graph" for r in thr.values())
+    every = [r for r in rows if r["kind"] == "throughput"]
+    assert all(r["status"] == "ok" and r["timing"] == "cuda_graph" for r in every)
+    thr = {r["line"]: r for r in every if r["batch"] == 1}
     ar, dm, png = thr["autoregressive"], thr["replay + draft_model"], thr["replay + png"]
     assert 0 < ar["kernels_per_step"] < min(png["kernels_per_step"], dm["kernels_per_step"])
     assert all(float(r["kernels_per_step"]).is_integer() for r in (ar, dm, png))  # every profiled step the same
+    # kernel_table at bench.throughput.profile_batches only: longest first, its launches within the step's count
+    assert all(("kernel_table" in r) == (r["batch"] == 1) for r in every)
+    for r in thr.values():
+        table = r["kernel_table"]
+        us = [k["us_per_step"] for k in table]
+        assert table and us == sorted(us, reverse=True) and all(u > 0 for u in us)
+        assert sum(k["per_step"] for k in table) <= r["kernels_per_step"] + 1e-9
+        assert 0 < sum(k["share"] for k in table) <= 1 + 1e-9

@@ -109,21 +109,14 @@ class LaunchCounter:
 
 def count_step(eng) -> dict:
     """The launches of one step of an eager CPU engine that has prefilled (and run a warm-up step): drafting
-    (``step.draft`` and ``set_drafts``) and the target step apart, as ``Engine._capture`` records them."""
+    and the target step apart (``Engine.draft_part`` / ``target_part``, the two halves of its eager step)."""
     import torch
 
-    s = eng.step
     with torch.no_grad():
         with LaunchCounter() as draft:
-            if eng.speculation is not None:
-                eng.speculation.draft(s)
-            else:
-                s.set_drafts(s.draft())
+            eng.draft_part()
         with LaunchCounter() as target:
-            if eng.speculation is not None:
-                eng.speculation.overlap(s.target_step)
-            else:
-                s.target_step()
+            eng.target_part()
         eng.strategy.after_step()
     return {"draft": draft.total(), "target": target.total(), "kernels": draft.total() + target.total(),
             "host_reads": draft.host_reads + target.host_reads,

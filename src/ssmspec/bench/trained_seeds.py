@@ -87,7 +87,7 @@ def _sets_seed(overrides) -> bool:
     return any(str(o).lstrip("+~").split("=")[0] == "seed" for o in overrides or [])
 
 
-VARIANT_FIX = "e.g. bench.variants=[{name: '900 steps', overrides: ['distill.steps=900']}]"
+VARIANT_FIX = "e.g. bench.variants=[{name: '900 steps', overrides: ['models.mamba2.distill.steps=900']}]"
 
 
 def check_variants(variants) -> list[dict | None]:

@@ -15,7 +15,10 @@ random-weight experiments run). Each row carries
 (the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype). Captured
 rows also carry ``kernels_per_step``: the GPU kernels one step launches (drafting included), from
 ``PROFILED_STEPS`` profiled steps after the timed ones (``bench/kernel_profile.py``; the engine's budget keeps
-room for them) -- a model this small is its launches, so this count is what its speedup turns on.
+room for them) -- a model this small is its launches, so this count is what its speedup turns on. At the batches
+of ``bench.throughput.profile_batches`` they also carry ``kernel_table``: per kernel name, launches and device
+microseconds per step and the share of the step's kernel time (with programmatic dependent launch the profiled
+kernel times overlap, so the shares rank the kernels, they do not split the step's wall time).
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ log = logging.getLogger("ssmspec.bench.trained")
 
 LINE_KEYS = {"drafter", "strategy"}
 PROFILED_STEPS = 2  # within the two steps of slack that _horizon leaves after the timed ones
+TABLE_TOP = 25  # kernels in a row's kernel_table (the longest first)
 DRAFTERS = ("draft_model", "png", "mtp")
 
 
@@ -72,6 +76,7 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
     dtype = C.resolve_dtype(str(t.get("dtype", "auto")), device)
     graph = C.use_cuda_graph(t.get("cuda_graph", "auto"), device)
     Tp, H, warmup, iters = int(t.prompt_len), _horizon(t), int(t.warmup), int(t.iters)
+    profiled = {int(x) for x in t.get("profile_batches") or []}
     models = manifest["models"]
     target = load_model(entry / models[names[0]]["path"], device=device, dtype=dtype)
     draft = load_model(entry / models[names[1]]["path"], device=device, dtype=dtype)
@@ -108,7 +113,9 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                     row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference, oracle_alpha=None,
                                          **row_head)
                     if eng.graphed:  # what a captured step launches (profiled after the timed steps)
-                        row["kernels_per_step"], _ = profile_steps(eng, steps=PROFILED_STEPS)
+                        row["kernels_per_step"], table = profile_steps(eng, steps=PROFILED_STEPS, top=TABLE_TOP)
+                        if bsz in profiled:
+                            row["kernel_table"] = table
                 except (torch.OutOfMemoryError, RuntimeError) as e:
                     if not _is_oom(e):
                         raise

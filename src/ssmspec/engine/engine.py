@@ -165,13 +165,24 @@ class Engine:
 
     # steps -----------------------------------------------------------------------------------------
     def _eager(self) -> None:
+        self.draft_part()
+        self.target_part()
+
+    def draft_part(self) -> None:
+        """An eager step's drafting: the speculation cache's draft, or ``step.draft`` into ``set_drafts``."""
         s = self.step
         if self.speculation is not None:
             self.speculation.draft(s)
+        else:
+            s.set_drafts(s.draft())
+
+    def target_part(self) -> None:
+        """An eager step's target step (under the speculation cache, overlapped with its speculation)."""
+        s = self.step
+        if self.speculation is not None:
             self.speculation.overlap(s.target_step)
-            return
-        s.set_drafts(s.draft())
-        s.target_step()
+        else:
+            s.target_step()
 
     def draft_ms(self) -> list[float]:
         """ms of drafting in every step the last ``time_steps`` timed (0 without a drafter): the drafter's
@@ -208,15 +219,9 @@ class Engine:
         else:
             t0 = time.perf_counter()
         if not self.graphed:
-            if self.speculation is not None:
-                self.speculation.draft(s)
-            else:
-                s.set_drafts(s.draft())
+            self.draft_part()
             t_mid = mid.record() if self.cuda else time.perf_counter()
-            if self.speculation is not None:  # speculate, then the target (the overlapped streams' results)
-                self.speculation.overlap(s.target_step)
-            else:
-                s.target_step()
+            self.target_part()  # with a speculating drafter: speculate, then the target (the overlapped streams)
         elif self._graphs is None:  # first step: eager on a side stream, then capture (not executed)
             self._stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self._stream):

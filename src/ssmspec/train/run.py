@@ -130,7 +130,8 @@ def train_pairs(cfg: dict, *, retrain: bool = False) -> TrainResult:
     seed, dev = int(cfg["seed"]), _device(str(cfg.get("device", "auto")))
     cc = _keys(cfg["corpus"], CORPUS_KEYS, "corpus")
     tc = _keys(cfg["tokenizer"], TOKENIZER_KEYS, "tokenizer")
-    loops = {k: LoopConfig.from_dict(cfg[k], k) for k in ("train", "distill")}
+    loops = {"train": LoopConfig.from_dict(cfg["train"], "train")}
+    LoopConfig.from_dict(cfg["distill"], "distill")  # refused here even where every family's own loop overrides it
     head = head_settings(cfg.get("mtp"))  # MTP heads of the targets (train/mtp.py), None: none
     models = _keys(cfg["models"], set(cfg["models"] or {}), "models")
     if not models:
