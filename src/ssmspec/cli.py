@@ -204,8 +204,10 @@ def _run_hydra(args: list[str], *, multirun: bool, inspect_only: bool) -> int:
     import hydra  # imported only now: a bad override above answers without loading torch
 
     from ssmspec.config import register_configs
+    from ssmspec.hydra_callbacks import register_resolvers
 
     register_configs()
+    register_resolvers()
     task = [a for a in args if "=" in a and not a.startswith("-") and not re.match(r"\+*hydra[./]", a)]
     if "--hydra-help" in args:  # Hydra's help composes no experiment: task overrides only confuse it
         args = [a for a in args if a not in task]

@@ -79,6 +79,28 @@ def test_multirun_sweeps_into_one_directory_per_job(cli, tmp_path):
     assert seeds == [0, 1]
 
 
+def test_long_overrides_name_short_distinct_directories(cli, tmp_path):
+    """A run directory is named by its overrides; an inline dict override passes the 255 bytes a file name may have,
+    so a long name is cut with a hash of the whole: a sweep whose jobs differ only at the end keeps two folders."""
+    from ssmspec.hydra_callbacks import DIRNAME_MAX, dirname
+
+    long = "bench.note=" + "x" * 300
+    assert dirname("a=1") == "a=1" and len(dirname(long).encode()) <= DIRNAME_MAX
+    assert dirname(long + "1") != dirname(long + "2") and dirname(long).startswith("bench.note=xxx")
+    out = tmp_path / "sweep"
+    pad = "bench.profile_batches=[" + ",".join(str(1000 + i) for i in range(60)) + "]"  # unread on the CPU
+    status, _, err = cli("run", "-m", *TINY, "bench.batch=[1]", "bench.phases=[decode]", pad, "data.seed=0,1",
+                         f"results_dir={out}")
+    assert status == 0, err
+    jobs = sorted(p for p in out.iterdir() if p.is_dir())
+    assert len(jobs) == 2 and all(len(j.name.encode()) <= DIRNAME_MAX + 2 for j in jobs)
+    assert [yaml.safe_load((j / "config.yaml").read_text())["data"]["seed"] for j in jobs] == [0, 1]
+    status, _, err = cli("run", *TINY, "bench.phases=[decode]", pad)  # Hydra names the folder
+    assert status == 0, err
+    runs = list((tmp_path / "runs" / "throughput_ar").glob("*/*/results.jsonl"))
+    assert len(runs) == 1 and "~" in runs[0].parent.name
+
+
 def test_save_reference_figures_and_list(cli, tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "RESULTS_DIR", tmp_path / "results")
     ref = tmp_path / "results" / "throughput_ar" / "cpu"
