@@ -98,6 +98,9 @@ def test_a_family_distils_for_its_own_steps(tmp_path):
     assert (own.entry / drafts).read_bytes() == (glob.entry / drafts).read_bytes()
     with pytest.raises(ValueError, match=r"models.mamba2.distill: unknown keys \['stpes'\]"):
         _train(tmp_path / "bad", "+models.mamba2.distill.stpes=3")
+    with pytest.raises(ValueError, match=r"models.mamba2.distill must be a mapping of loop fields \(e.g. "
+                                         r"models.mamba2.distill.steps=900\), got 3"):
+        _train(tmp_path / "bad", "+models.mamba2.distill=3")
     assert not (tmp_path / "bad").exists()
 
 
