@@ -101,9 +101,14 @@ def tree_hash(root: Path = ROOT) -> str:
 
 
 def resolve_commit(rev: str, root: Path = ROOT) -> str | None:
-    """The full sha of ``rev`` if this checkout's git objects hold that commit, else None."""
+    """The full sha of ``rev`` if that commit is HEAD or in HEAD's history, else None. A commit that only this
+    checkout's object store holds (a branch rebased away, whose objects a local ``git clone`` hard-links along)
+    does not count: a clone from anywhere else lacks it."""
     out = _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], root)
-    return out.strip() if out and out.strip() else None
+    sha = out.strip() if out and out.strip() else None
+    if sha is None or _git(["merge-base", "--is-ancestor", sha, "HEAD"], root) is None:
+        return None
+    return sha
 
 
 def commit_hash(rev: str, root: Path = ROOT) -> str | None:

@@ -52,6 +52,18 @@ def test_hash_of_files_equals_hash_of_commit(repo):
     assert provenance.tree_hash(repo) != provenance.commit_hash("HEAD", repo)
 
 
+def test_a_commit_off_heads_history_is_unknown(repo):
+    """A commit the object store still holds after its branch was rebased away is not this history's: a clone
+    made elsewhere lacks it, so a record naming it must fail here too, not only in that clone."""
+    (repo / "src" / "pkg" / "a.py").write_text("x = 2\n")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "two")
+    gone = _git(repo, "rev-parse", "HEAD")
+    _git(repo, "reset", "-q", "--hard", "HEAD~1")
+    assert _git(repo, "cat-file", "-t", gone) == "commit"  # still in the objects
+    assert provenance.resolve_commit(gone, repo) is None and provenance.commit_hash(gone, repo) is None
+    assert provenance.resolve_commit("HEAD", repo) == _git(repo, "rev-parse", "HEAD")
+
+
 def test_record_checks_head_and_the_hint(repo, monkeypatch):
     head = _git(repo, "rev-parse", "HEAD")
     rec = provenance.record(repo)
