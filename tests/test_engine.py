@@ -130,6 +130,29 @@ def test_planned_state_bytes_equal_what_the_strategy_allocates(name, preset):
         assert longer["activations"] > parts["activations"]
 
 
+def test_plan_counts_the_logits_as_the_verifier_reads_them(monkeypatch):
+    """A greedy run holds one bounded chunk of model-dtype logits (``HybridLM.argmax``) where a sampling run
+    holds fp32 logits and probabilities at every position of the call; the plan follows the verifier the
+    engine will use (its own default at the given sampling, or the one passed)."""
+    from ssmspec.models import model as model_mod
+    from ssmspec.verify import make_verifier
+    from ssmspec.verify.distributions import SamplingConfig
+
+    cfg = load_preset("tiny-hybrid")
+    spec = SpecConfig(draft_len=3, buffer_size=8)
+    batch, V = 5, cfg.vocab_size
+    tok = batch * (1 + 3)  # replay: one row a sequence, the pending token and 3 drafts
+    kw = dict(batch=batch, spec=spec, kv_capacity=40, prefill_len=8, dtype=torch.bfloat16, prefill=False)
+    greedy = plan_bytes(cfg, make_strategy("replay"), **kw)["activations"]
+    sampled = plan_bytes(cfg, make_strategy("replay"), sampling=SamplingConfig(temperature=1.0), **kw)["activations"]
+    passed = plan_bytes(cfg, make_strategy("replay"), verifier=make_verifier("speculative", sampling=SamplingConfig(
+        temperature=1.0)), **kw)["activations"]
+    assert sampled == passed and sampled - greedy == 2 * 4 * V * tok - (2 * V * tok + 8 * tok)
+    monkeypatch.setattr(model_mod, "ARGMAX_CHUNK_BYTES", 2 * V * 3)  # three bf16 rows of logits a chunk
+    chunked = plan_bytes(cfg, make_strategy("replay"), **kw)["activations"]
+    assert greedy - chunked == 2 * V * (tok - 3)
+
+
 # GPU: the captured step is the eager step --------------------------------------------------------
 def _cases():
     out = []

@@ -75,16 +75,32 @@ def test_emitted_tokens_follow_the_path():
     assert v.emitted(drafts) == [[6, 7, 1]]
 
 
-def test_greedy_steps_read_model_dtype_logits_with_the_same_verdicts():
-    """The engine hands a greedy verifier the LM head's bf16 logits (no fp32 copy of the (rows, L, V) logits);
-    the argmax of bf16 values is the argmax of their exact fp32 upcast, ties included, so a bf16 model emits
-    the same tokens as with fp32 logits -- replay spec with oracle drafts and autoregressive alike."""
+def test_greedy_steps_read_the_argmax_in_chunks_with_the_same_verdicts(monkeypatch):
+    """The engine hands a greedy verifier the LM head's argmax (``verify_argmax``), made over chunks of positions
+    (``HybridLM.argmax``), never the (rows, L, V) logits. The argmax of bf16 values is the argmax of their exact
+    fp32 upcast, ties included, so a verifier that ranks the bf16 logits, or reads their fp32 copy, emits the same
+    tokens; so does a chunk of two positions (every call of the LM head then sees at most two rows) -- replay spec
+    with oracle drafts and autoregressive alike."""
     from ssmspec.drafting.oracle import Oracle
     from ssmspec.engine.generate import generate
     from ssmspec.models import build_model, load_preset
+    from ssmspec.models import model as model_mod
     from ssmspec.strategies import SpecConfig
 
-    class Seen(GreedyVerifier):
+    class Argmax(GreedyVerifier):
+        def __init__(self):
+            self.dtypes = set()
+
+        def verify(self, node_logits, drafts, generator=None):
+            raise AssertionError("a greedy step must hand its verifier the argmax, not logits")
+
+        def verify_argmax(self, target, drafts):
+            self.dtypes.add(target.dtype)
+            return super().verify_argmax(target, drafts)
+
+    class Ranks(GreedyVerifier):
+        argmax_only = False  # asks for the logits themselves, in the model dtype
+
         def __init__(self):
             self.dtypes = set()
 
@@ -92,24 +108,39 @@ def test_greedy_steps_read_model_dtype_logits_with_the_same_verdicts():
             self.dtypes.add(node_logits.dtype)
             return super().verify(node_logits, drafts, generator)
 
-    class Fp32(Seen):
+    class Fp32(Ranks):
         fp32_logits = True
 
     model = build_model(load_preset("tiny-hybrid"), seed=0, device="cpu", dtype=torch.bfloat16)
+    V, full = model.cfg.vocab_size, model_mod.ARGMAX_CHUNK_BYTES
+    rows_seen = []
+    logits = model.logits
+
+    def spy(h, **kw):
+        rows_seen.append(h.numel() // h.shape[-1])
+        return logits(h, **kw)
+
+    monkeypatch.setattr(model, "logits", spy)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, model.cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 5, 12)]
+    prompts = [torch.randint(3, V, (n,), generator=g).tolist() for n in (9, 5, 12)]
     ref = generate(model, prompts, max_new_tokens=12, strategy="autoregressive", timing=False).sequences
     for strategy, S in (("autoregressive", 0), ("replay", 3)):
         runs = []
-        for rec in (Seen(), Fp32()):
-            drafter = (Oracle(p=0.7, draft_len=S, reference=ref, vocab_size=model.cfg.vocab_size, seed=2)
-                       if S else None)
+        for rec, chunk in ((Argmax(), None), (Argmax(), 2 * V * 2), (Ranks(), None), (Fp32(), None)):
+            if chunk is not None:
+                monkeypatch.setattr(model_mod, "ARGMAX_CHUNK_BYTES", chunk)  # two bf16 rows of logits
+            rows_seen.clear()
+            drafter = Oracle(p=0.7, draft_len=S, reference=ref, vocab_size=V, seed=2) if S else None
             out = generate(model, prompts, max_new_tokens=12, strategy=strategy, drafter=drafter, verifier=rec,
                            spec=SpecConfig(draft_len=S, buffer_size=16), timing=False)
+            if chunk is not None:
+                assert max(rows_seen) == 2 and len(rows_seen) > 12, rows_seen  # chunked: never more than 2 rows
+                monkeypatch.setattr(model_mod, "ARGMAX_CHUNK_BYTES", full)
+            else:
+                assert max(rows_seen) == len(prompts) * (1 + S)  # the whole call at once
             runs.append((out.sequences, rec.dtypes))
-        (seq_bf16, seen_bf16), (seq_fp32, seen_fp32) = runs
-        assert seen_bf16 == {torch.bfloat16} and seen_fp32 == {torch.float32}
-        assert seq_bf16 == seq_fp32
+        assert [d for _, d in runs] == [{torch.int64}, {torch.int64}, {torch.bfloat16}, {torch.float32}]
+        assert all(seq == runs[0][0] for seq, _ in runs)
 
 
 @pytest.mark.parametrize("oracle", [False, True], ids=["tokens", "match"])

@@ -104,12 +104,13 @@ class Engine:
             raise ValueError(f"prompt of {prefill_len} tokens + {max_new_tokens} new tokens (+{spec.nodes + 1} per "
                              f"step in flight) needs {kv_capacity} KV slots but {cfg.name} allocates max_seq_len="
                              f"{cfg.max_seq_len}; shorten the prompt, lower max_new_tokens, or raise model.max_seq_len")
+        verifier = verifier if verifier is not None else default_verifier(spec, sampling)
         parts = plan_bytes(cfg, strat, batch=batch, spec=spec, kv_capacity=kv_capacity, prefill_len=prefill_len,
-                           dtype=model.dtype, prefill=prefill)  # prefill False: start_synthetic only
+                           dtype=model.dtype, prefill=prefill,  # prefill False: start_synthetic only
+                           verifier=verifier)
         self.planned_bytes = check_fits(parts, dev, what=f"a run of {cfg.name} at batch {batch} with {prefill_len} "
                                         f"prompt + {max_new_tokens} new tokens ({strat.name})",
                                         fix="lower the batch, the context or max_new_tokens")
-        verifier = verifier if verifier is not None else default_verifier(spec, sampling)
         self.generator = torch.Generator(device=dev).manual_seed(sampling.seed)
         self.step = DecodeStep(model, strat, batch=batch, spec=spec, drafter=drafter, verifier=verifier,
                                generator=self.generator, kv_capacity=kv_capacity, prefill_len=prefill_len,

@@ -2,11 +2,13 @@
 
 ``plan_bytes`` adds up what a ``DecodeStep`` allocates for a batch (the strategy's state, measured by
 allocating the strategy on the meta device; the KV caches; the token buffer) and an estimate of the
-largest activations of one call (the fp32 logits and a few hidden-size temporaries of the widest layer,
-prefill included). ``check_fits`` compares it with the free memory of the device (CUDA: the driver's free
-bytes; CPU: MemAvailable) and refuses, with both numbers, a run that cannot fit -- before a single tensor
-exists, so a user's typo (``bench.batch=[1000000]``) ends in one error line instead of an allocator
-traceback or the kernel's OOM killer.
+largest activations of one call (the logits as the run's verifier reads them -- fp32 logits and
+probabilities, or for a verifier that reads only the argmax one bounded chunk of model-dtype logits,
+``HybridLM.argmax`` -- and a few hidden-size temporaries of the widest layer, prefill included).
+``check_fits`` compares it with the free memory of the device (CUDA: the driver's free bytes; CPU:
+MemAvailable) and refuses, with both numbers, a run that cannot fit -- before a single tensor exists, so a
+user's typo (``bench.batch=[1000000]``) ends in one error line instead of an allocator traceback or the
+kernel's OOM killer.
 """
 from __future__ import annotations
 
@@ -15,8 +17,11 @@ import copy
 import torch
 
 from ssmspec.models.config import ModelConfig
+from ssmspec.models import model as _model
 from ssmspec.units import fmt_bytes  # noqa: F401  (re-exported: bench and engine messages)
 from ssmspec.strategies import SpecConfig, StrategyBase
+from ssmspec.verify.base import reads_argmax
+from ssmspec.verify.distributions import SamplingConfig
 
 HEADROOM = 0.9  # use at most this share of the free memory (allocator fragmentation, the CUDA context, ...)
 
@@ -29,9 +34,17 @@ def strategy_bytes(strategy: StrategyBase, cfg: ModelConfig, batch: int, spec: S
 
 
 def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: SpecConfig, kv_capacity: int,
-               prefill_len: int, dtype, prefill: bool = True) -> dict[str, int]:
-    """Bytes of every part of a run, before allocation. ``prefill``: whether the run prefills its prompts
-    (the prompt pass's activations; the engine computes the LM head at the last position only)."""
+               prefill_len: int, dtype, prefill: bool = True, verifier=None,
+               sampling: SamplingConfig = SamplingConfig()) -> dict[str, int]:
+    """Bytes of every part of a run, before allocation, as an ``Engine`` given the same arguments allocates them.
+    ``prefill``: whether the run prefills its prompts (the prompt pass's activations; the engine computes the LM
+    head at the last position only). ``verifier``: the run's, or None for the one an engine picks by itself
+    (``engine.step.default_verifier`` of ``spec`` and ``sampling``: greedy at temperature 0); one with
+    ``argmax_only`` holds one chunk of logits at a time, any other fp32 logits and probabilities at every
+    position of the call."""
+    if verifier is None:
+        from ssmspec.engine.step import default_verifier
+        verifier = default_verifier(spec, sampling)
     elt = torch.empty((), dtype=dtype).element_size()
     rows = strategy.max_rows(batch, spec)
     call_len = max(prefill_len, strategy.max_call_len(spec))
@@ -45,8 +58,13 @@ def plan_bytes(cfg: ModelConfig, strategy: StrategyBase, *, batch: int, spec: Sp
     decode_tok = rows * strategy.max_call_len(spec)
     prefill_tok = batch * prefill_len if prefill else 0
     logits_tok = max(decode_tok, batch)
-    # fp32 logits (plus the verifier's probabilities) and ~2 live fp32 temporaries of the widest layer
-    act = 2 * 4 * cfg.vocab_size * logits_tok + 2 * 4 * width * max(decode_tok, prefill_tok)
+    if reads_argmax(verifier):  # one chunk of model-dtype logits + the int64 argmax
+        row = elt * cfg.vocab_size
+        logits = min(row * logits_tok, max(_model.ARGMAX_CHUNK_BYTES, row)) + 8 * logits_tok
+    else:  # fp32 logits and the verifier's probabilities
+        logits = 2 * 4 * cfg.vocab_size * logits_tok
+    # the logits and ~2 live fp32 temporaries of the widest layer
+    act = logits + 2 * 4 * width * max(decode_tok, prefill_tok)
     if cfg.mamba_layers and prefill:  # the prefill chunk scan's per-chunk states (fp32)
         chunks = -(-prefill_len // max(cfg.chunk_size, 1))
         act += 2 * 4 * batch * chunks * cfg.ssm_heads * cfg.head_dim * cfg.state_size

@@ -35,24 +35,33 @@ from ssmspec.models.kv_cache import KVCache
 from ssmspec.models.model import HybridLM
 from ssmspec.ops.step_glue import emit
 from ssmspec.strategies import SpecConfig, StepInputs, StrategyBase
-from ssmspec.verify.base import Verdict
+from ssmspec.verify.base import Verdict, reads_argmax
 
 
 class _SampleVerifier:
-    """No drafts: emit one token from the target distribution (greedy or sampled)."""
+    """No drafts: emit one token from the target distribution (greedy: its argmax, read as the greedy verifier
+    reads it; sampled: drawn from its fp32 probabilities)."""
 
     name = "sample"
 
     def __init__(self, sampling) -> None:
         self.sampling = sampling
+        self.argmax_only = self.sampling.greedy  # verify/base.py
+        self.fp32_logits = not self.argmax_only
 
     def verify(self, node_logits: Tensor, drafts, generator=None) -> Verdict:
         from ssmspec.verify.distributions import sample, target_probs
 
         last = node_logits[:, 0]
-        tok = last.argmax(-1) if self.sampling.greedy else sample(target_probs(last, self.sampling), generator)
+        if self.sampling.greedy:
+            return self.verify_argmax(node_logits.argmax(-1), drafts)
+        tok = sample(target_probs(last, self.sampling), generator)
         zeros = torch.zeros(last.shape[0], dtype=torch.long, device=last.device)
         return Verdict(accepted=zeros, path=zeros[:, None], bonus=tok)
+
+    def verify_argmax(self, target: Tensor, drafts) -> Verdict:
+        zeros = torch.zeros(target.shape[0], dtype=torch.long, device=target.device)
+        return Verdict(accepted=zeros, path=zeros[:, None], bonus=target[:, 0])
 
 
 def default_verifier(spec: SpecConfig, sampling):
@@ -81,8 +90,10 @@ class DecodeStep:
                  eos_token_id: int | None = None) -> None:
         cfg = model.cfg
         self.model, self.strategy, self.drafter, self.verifier = model, strategy, drafter, verifier
-        # a verifier that only ranks logits (greedy) reads them in the model dtype (verify/base.py)
+        # a verifier that only ranks logits (greedy) reads them in the model dtype, and one that reads only their
+        # argmax is handed that, made in bounded chunks (verify/base.py)
         self.fp32_logits = bool(getattr(verifier, "fp32_logits", True))
+        self.argmax_only = reads_argmax(verifier)
         self.spec, self.batch, self.generator = spec, batch, generator
         self.device, dtype = model.device, model.dtype
         dev = self.device
@@ -132,13 +143,12 @@ class DecodeStep:
             c.length.zero_()
         hs = self.model.hidden(ids, self.ctx)  # (B, T, d)
         self.prompt_hidden = hs if self.keep_hidden else None
-        h = hs[:, -1:]  # (B, 1, d): the LM head at the last position only
-        logits = self.model.logits(h, fp32=self.fp32_logits)  # (B, 1, V)
+        head = self._head(hs[:, -1:])  # the LM head at the last position only: (B, 1, V) logits or (B, 1) argmax
         for c in self.kv:
             c.start.copy_(pads)
             c.commit(torch.arange(bsz, device=dev), torch.arange(T, device=dev)[None].expand(bsz, T),
                      torch.full((bsz,), T, device=dev, dtype=torch.long))
-        first = self.verifier.verify(logits, None, self.generator).bonus  # (B,)
+        first = self._verify(head, None).bonus  # (B,)
         # token rows hold each prompt from column 0 (no padding), then the first token
         n = valid.sum(1)
         col = torch.arange(T, device=dev)[None]
@@ -201,23 +211,37 @@ class DecodeStep:
             s.match.copy_(drafts.match)
 
     def forward(self) -> tuple[StepInputs, Tensor]:
-        """Layout -> model: the verify forward of one step, (its StepInputs, logits (rows, L, V)); the first half
-        of ``target_step``, on its own so step-time benchmarks can time the model call alone."""
+        """Layout -> model: the verify forward of one step, (its StepInputs, what the verifier reads: logits
+        (rows, L, V), or their argmax (rows, L) for an ``argmax_only`` verifier); the first half of
+        ``target_step``, on its own so step-time benchmarks can time the model call alone."""
         step = self.strategy.layout(self.pending, self.drafts, self.seq_len)
         if self.grow_bound:
             self.kv_bound = min(self.kv_bound + self.spec.nodes + 1, self.kv_capacity)
         step.kv_bound = self.kv_bound
         self.ctx.step = step
-        if self.keep_hidden:  # the same forward, its final hidden states (rows, L, d) kept for the drafter
-            self.hidden = self.model.hidden(step.input_ids, self.ctx)
-            return step, self.model.logits(self.hidden, fp32=self.fp32_logits)
-        return step, self.model(step.input_ids, self.ctx, fp32=self.fp32_logits)
+        hidden = self.model.hidden(step.input_ids, self.ctx)
+        if self.keep_hidden:  # the final hidden states (rows, L, d) kept for the drafter
+            self.hidden = hidden
+        return step, self._head(hidden)
+
+    def _head(self, hidden: Tensor) -> Tensor:
+        """The LM head on final hidden states (..., d) as the verifier reads it: the argmax (...,) in bounded
+        chunks for an ``argmax_only`` verifier, else the logits (..., V) (fp32 unless the verifier only ranks)."""
+        if self.argmax_only:
+            return self.model.argmax(hidden)
+        return self.model.logits(hidden, fp32=self.fp32_logits)
+
+    def _verify(self, nodes: Tensor, drafts: DraftTree | None) -> Verdict:
+        """The verdict on ``nodes`` ((B, 1+T) argmax or (B, 1+T, V) logits per tree node, as ``_head`` made them)."""
+        if self.argmax_only:
+            return self.verifier.verify_argmax(nodes, drafts)
+        return self.verifier.verify(nodes, drafts, self.generator)
 
     def target_step(self) -> None:
         """Layout -> model -> verify -> commit -> append (device ops only; see module doc)."""
         drafts, strat = self.drafts, self.strategy
-        step, logits = self.forward()
-        verdict = self.verifier.verify(step.gather_nodes(logits), drafts, self.generator)
+        step, head = self.forward()
+        verdict = self._verify(step.gather_nodes(head), drafts)
         strat.commit(verdict, step)
         if self.kv:
             rows, cols = kv_source(step, verdict, self.batch)

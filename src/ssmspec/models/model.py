@@ -16,6 +16,8 @@ from ssmspec.models.gdn import GDNMixer
 from ssmspec.models.layers import MLP, Attention, Mamba2Mixer, MoE, PreNorm, QwenMoE, RMSNorm, fused_decode, linear
 from ssmspec.models.mil import MILMixer
 
+ARGMAX_CHUNK_BYTES = 64 << 20  # most bytes of logits ``HybridLM.argmax`` holds at once
+
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, kind: str, index: int) -> None:
@@ -117,6 +119,24 @@ class HybridLM(nn.Module):
         """The LM head on hidden states h (..., d): logits (..., V) in fp32, or in the model dtype (``forward``)."""
         logits = linear(h.to(self.lm_head.weight.dtype), self.lm_head)
         return logits.float() if fp32 else logits
+
+    def argmax(self, h: Tensor, *, chunk_bytes: int | None = None) -> Tensor:
+        """The LM head's argmax at hidden states h (..., d) -> (...,) int64: ``logits(h, fp32=False).argmax(-1)``
+        (the model dtype's logits rank as their exact fp32 upcast does, ties to the first index), made over chunks
+        of positions whose logits take at most ``chunk_bytes``, so a wide verify call never holds all of its
+        (..., V) logits: at batch 256, 5 positions and a 131K vocabulary they are 0.34 GB in bf16, one chunk
+        64 MiB (``ARGMAX_CHUNK_BYTES``, read at the call). A call that fits one chunk (every small batch) is the
+        unchunked path itself."""
+        lead, d = h.shape[:-1], h.shape[-1]
+        flat = h.reshape(-1, d)
+        cap = ARGMAX_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+        per = max(1, cap // (self.cfg.vocab_size * self.lm_head.weight.element_size()))
+        if flat.shape[0] <= per:
+            return self.logits(flat, fp32=False).argmax(-1).reshape(lead)
+        out = torch.empty(flat.shape[0], dtype=torch.long, device=h.device)
+        for s in range(0, flat.shape[0], per):
+            out[s:s + per] = self.logits(flat[s:s + per], fp32=False).argmax(-1)
+        return out.reshape(lead)
 
     @torch.no_grad()
     def init_random(self, seed: int = 0) -> "HybridLM":

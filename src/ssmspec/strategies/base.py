@@ -89,12 +89,13 @@ class StepInputs:
         return self.input_ids.shape[1]
 
     def gather_nodes(self, logits: Tensor) -> Tensor:
-        """(B', L, V) model logits -> (B, 1+T, V) logits per tree node."""
+        """(B', L, ...) per call position (logits (B', L, V), their argmax (B', L), hidden states) -> (B, 1+T, ...)
+        per tree node."""
         if self.node_row is None and self.node_col is None:
             return logits
-        Bp, L, V = logits.shape
+        Bp, L = logits.shape[:2]
         flat = self.node_row * L + self.node_col  # (B, 1+T)
-        return logits.reshape(Bp * L, V)[flat]
+        return logits.reshape(Bp * L, *logits.shape[2:])[flat]
 
 
 class StrategyBase:

@@ -34,9 +34,21 @@ class Verifier(Protocol):
     # False: the verdict reads only the order of each node's logits (argmax), which the model dtype's logits
     # already fix (their fp32 upcast is exact), so the step skips the fp32 copy of the (rows, L, V) logits
     fp32_logits: bool
+    # True: the verdict reads only each node's argmax, so the step hands ``verify_argmax`` the target's argmax
+    # (``HybridLM.argmax``: the LM head over bounded chunks of positions) and never holds the (rows, L, V) logits;
+    # a subclass that asks for fp32 logits (to record them) is handed logits again (``reads_argmax``)
+    argmax_only: bool
 
     def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
         """node_logits (B, 1+T, V): target logits at every tree node (node 0 = pending token)."""
+
+    def verify_argmax(self, target: Tensor, drafts) -> Verdict:
+        """target (B, 1+T) int64: the target's argmax at every tree node; only where ``argmax_only``."""
+
+
+def reads_argmax(verifier) -> bool:
+    """Whether the step hands ``verifier`` the argmax (``verify_argmax``) rather than logits (``verify``)."""
+    return bool(getattr(verifier, "argmax_only", False)) and not getattr(verifier, "fp32_logits", True)
 
 
 def path_to_node(parents_with_root: Tensor, node: Tensor, max_depth: int) -> tuple[Tensor, Tensor]:

@@ -13,9 +13,13 @@ from ssmspec.verify.base import Verdict, path_to_node
 class GreedyVerifier:
     name = "greedy"
     fp32_logits = False  # argmax of the model dtype's logits = argmax of their exact fp32 upcast, ties included
+    argmax_only = True  # the step hands verify_argmax the argmax, made in bounded chunks (verify/base.py)
 
     def verify(self, node_logits: Tensor, drafts, generator: torch.Generator | None = None) -> Verdict:
-        target = node_logits.argmax(-1)  # (B, 1+T) target's next token after each node
+        return self.verify_argmax(node_logits.argmax(-1), drafts)
+
+    def verify_argmax(self, target: Tensor, drafts) -> Verdict:
+        """target (B, 1+T): the target's next token after each node (its argmax there)."""
         bsz = target.shape[0]
         if drafts is None or drafts.size == 0:
             zeros = torch.zeros(bsz, dtype=torch.long, device=target.device)
