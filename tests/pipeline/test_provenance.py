@@ -323,6 +323,7 @@ def test_stale_unknown_commit_and_the_command(results_repo, monkeypatch, capsys)
     assert provenance._main(["stale", "--check"]) == 0
     out = capsys.readouterr().out
     assert "unknown commit" in out and "current" in out and "0 of 2 reference results stale" in out
+    assert "1 name a commit outside this clone's history" in out
     (repo / "conf" / "experiment" / "demo.yaml").write_text(
         (repo / "conf" / "experiment" / "demo.yaml").read_text() + "bench: {iters: 3}\n")
     assert provenance._main(["stale", "--profile", "cpu", "demo"]) == 0  # a report
@@ -330,7 +331,7 @@ def test_stale_unknown_commit_and_the_command(results_repo, monkeypatch, capsys)
     assert "stale: 1 file: conf/experiment/demo.yaml" in out
     assert out.rstrip().endswith("rerun (cpu): python -m ssmspec reproduce --profile cpu --only demo --save-reference")
     assert provenance._main(["stale", "--profile", "gpu"]) == 0  # the gpu record's commit is unknown: not stale
-    assert "rerun" not in capsys.readouterr().out
+    assert "rerun (" not in capsys.readouterr().out
     assert provenance._main(["stale", "--profile", "cpu", "--check"]) == 1
 
 
