@@ -394,8 +394,7 @@ def _main(argv: list[str] | None = None) -> int:
         else:
             print(format_report(rows))
             print(f"\n{n_stale} of {len(rows)} reference results stale")
-            n_unknown = sum(r.status == UNKNOWN for r in rows)
-            if n_unknown:
+            if n_unknown := sum(r.status == UNKNOWN for r in rows):
                 print(f"{n_unknown} name a commit outside this clone's history (a shallow clone, or a branch "
                       f"rebased away: run those again from a commit of this history)")
             for line in rerun_commands(rows):

@@ -312,3 +312,58 @@ def test_no_counters_are_made_inside_a_graph_capture(monkeypatch):
     monkeypatch.setattr(T, "capturing", lambda device: False)
     assert_close(T.linear_small_triton(x, w, b), F.linear(x, w, b), TOL[torch.float32], "out")
     assert launches[-1] == (3, 3) and [k for k in T._COUNTERS if k[1] == w.data_ptr()]
+
+
+def test_a_draft_takes_its_own_decode_kernels(monkeypatch):
+    """SSMSPEC_DRAFT_DECODE_FUSION sets the draft model's decode kernels (``decode_fusion_scope`` around the draft
+    engine's calls) and leaves the target's: with the norms fused into the draft's GEMVs, only draft calls reach
+    the fused kernels, and greedy replay + draft_model emits the autoregressive tokens as without it. Unset, the
+    draft takes the target's setting; a bad value is one error naming the variable; a scope ends where it ends."""
+    import ssmspec.ops.gemv.triton as gemv_triton
+    from ssmspec.drafting import make_drafter
+    from ssmspec.engine.generate import generate
+    from ssmspec.models.config import load_preset
+    from ssmspec.models.model import build_model
+    from ssmspec.ops.dispatch import decode_fusion, decode_fusion_scope, draft_decode_fusion
+
+    monkeypatch.setenv("SSMSPEC_OPS_BACKEND", "triton")
+    monkeypatch.delenv("SSMSPEC_DECODE_FUSION", raising=False)
+    monkeypatch.delenv("SSMSPEC_DRAFT_DECODE_FUSION", raising=False)
+    assert draft_decode_fusion() is None
+    with decode_fusion_scope(frozenset({"norm_gemv"})):
+        assert decode_fusion() == {"norm_gemv"}
+        with decode_fusion_scope(None):  # no scope: the enclosing one stands
+            assert decode_fusion() == {"norm_gemv"}
+    assert decode_fusion() == {"gemv"}
+    monkeypatch.setenv("SSMSPEC_DRAFT_DECODE_FUSION", "gemv,fast")
+    with pytest.raises(ValueError, match="SSMSPEC_DRAFT_DECODE_FUSION must be none, all or a comma-separated"):
+        draft_decode_fusion()
+
+    target = build_model(load_preset("tiny-mamba2"), seed=0)
+    draft = build_model(load_preset("tiny-mamba2"), seed=1)
+    prompts = [[5, 17, 33, 8], [9, 10, 11]]
+    ref = generate(target, prompts, max_new_tokens=4, strategy="autoregressive", timing=False).sequences
+    seen: list[tuple[str, bool]] = []  # (kernel, whose weight: the draft's)
+    draft_weights = {p.data_ptr() for p in draft.parameters()}
+    for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton"):
+        def spy(*a, _orig=getattr(gemv_triton, fn), _fn=fn, **k):
+            seen.append((_fn, any(t.data_ptr() in draft_weights for t in a if isinstance(t, torch.Tensor))))
+            return _orig(*a, **k)
+        monkeypatch.setattr(gemv_triton, fn, spy)
+    outs = []
+    for value in (None, "gemv,norm_gemv"):
+        if value is None:
+            monkeypatch.delenv("SSMSPEC_DRAFT_DECODE_FUSION")
+        else:
+            monkeypatch.setenv("SSMSPEC_DRAFT_DECODE_FUSION", value)
+        seen.clear()
+        drafter = make_drafter("draft_model", draft=draft, draft_len=2)
+        outs.append(generate(target, prompts, max_new_tokens=4, strategy="replay", drafter=drafter,
+                             timing=False).sequences)
+        if value is None:
+            assert seen == []  # the target's default: no fused norm anywhere
+        else:
+            n_draft_layers = draft.cfg.pattern.count("M")
+            assert seen and all(mine for _, mine in seen), "a target call took the draft's kernels"
+            assert sum(fn == "gated_norm_linear_triton" for fn, _ in seen) >= n_draft_layers * 2
+    assert outs[0] == outs[1] == ref

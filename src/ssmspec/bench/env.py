@@ -79,6 +79,7 @@ def collect_env(*, device: str | torch.device = "cpu", weights: str = "random") 
         "weights": weights,
         "ops_backend": os.environ.get("SSMSPEC_OPS_BACKEND", "auto"),
         "decode_fusion": os.environ.get("SSMSPEC_DECODE_FUSION", "default (gemv)"),  # the decode kernels (ops.dispatch)
+        "draft_decode_fusion": os.environ.get("SSMSPEC_DRAFT_DECODE_FUSION", "the target's"),  # a draft model's
         "pdl": os.environ.get("SSMSPEC_PDL", "auto"),  # programmatic dependent launch (ops/triton_common.py)
         "gemv_prefetch": os.environ.get("SSMSPEC_GEMV_PREFETCH", "default"),  # weight lines prefetched under PDL
     }

@@ -30,6 +30,10 @@ overwrites a state another row still reads, and absorb all of an accepted path: 
 
 The state updates are the draft model's own autoregressive decoding (pads leave a state as it was), so greedy
 drafts equal what its greedy ``generate()`` continues with.
+
+The draft's calls choose their decode kernels by ``SSMSPEC_DRAFT_DECODE_FUSION`` where it is set
+(``ops.dispatch.draft_decode_fusion``; unset: the target's ``SSMSPEC_DECODE_FUSION``), read when the engine is
+built: a small draft at batch 1 may take the norm-fused GEMVs that do not pay at the target's sizes.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ from ssmspec.drafting.base import TokenBuffer
 from ssmspec.engine.context import RunContext
 from ssmspec.models.kv_cache import DraftKV
 from ssmspec.models.model import HybridLM
+from ssmspec.ops.dispatch import decode_fusion_scope, draft_decode_fusion
 from ssmspec.ops.step_glue import absorb_plan
 from ssmspec.strategies import StepInputs, StrategyBase, make_strategy
 
@@ -65,6 +70,7 @@ class DraftEngine:
                  strategy: str | StrategyBase = "snapshot") -> None:
         self.model, self.W, self.S, self.reorders = model, width, depth, reorders
         self.strategy = draft_strategy(strategy)
+        self.fusion = draft_decode_fusion()  # the draft's decode kernels (SSMSPEC_DRAFT_DECODE_FUSION), or None
         # ``resumes``: the drafter calls ``resume`` after every verdict (chains): a slot per depth, absorbs resume
         # at the accepted depth
         self.chains = resumes and not reorders and depth > 1
@@ -206,13 +212,15 @@ class DraftEngine:
         self.ctx.step = StepInputs(self._ids, self._apos, valid=self._valid, kv_bound=self.capacity,
                                    src_slot=self._src, dst_slot=self.home[:, None],
                                    extras={"slot_keep": self._n, "slot_dst": self._slot_dst})
-        h = self.model.hidden(self._ids, self.ctx)  # (B, A, d)
+        with decode_fusion_scope(self.fusion):
+            h = self.model.hidden(self._ids, self.ctx)  # (B, A, d)
         last = h.gather(1, self._last_idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, d)
         for kv in self.kv:
             kv.cache.commit(self.home, self._cols.expand(B, -1), self._n)
         # a sequence with nothing new (valid[:, 0] False: n = 0) keeps its last logits; a bf16 / fp16 head's output
         # is upcast (exactly) by the where that writes the fp32 logits (a float64 model's cannot narrow there)
-        head = self.model.logits(last, fp32=self.model.dtype == torch.float64)[:, 0]
+        with decode_fusion_scope(self.fusion):
+            head = self.model.logits(last, fp32=self.model.dtype == torch.float64)[:, 0]
         torch.where(self._valid[:, :1], head, self.last, out=self.last)
         return self.last
 
@@ -237,7 +245,8 @@ class DraftEngine:
             kv.set_call("depth", depth, self.anc)
         self.ctx.step = StepInputs(ids, self._pos[:, depth - 1:depth], seq_index=self.seq, kv_bound=self.capacity,
                                    src_slot=src, dst_slot=dst)
-        logits = self.model(ids, self.ctx, fp32=fp32)[:, -1]
+        with decode_fusion_scope(self.fusion):
+            logits = self.model(ids, self.ctx, fp32=fp32)[:, -1]
         if self.kv:
             self.anc[:, depth] = torch.arange(self.anc.shape[0], device=ids.device)
         return logits

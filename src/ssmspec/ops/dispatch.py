@@ -12,7 +12,10 @@ Every public op takes ``backend="auto" | "triton" | "reference"``:
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -48,6 +51,7 @@ DECODE_FUSIONS = ("conv_ssm", "gemv", "norm_gemv")  # the parts ``SSMSPEC_DECODE
 
 
 DEFAULT_DECODE_FUSION = "gemv"
+_SCOPE: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("ssmspec_decode_fusion", default=None)
 
 
 def decode_fusion() -> frozenset[str]:
@@ -62,8 +66,17 @@ def decode_fusion() -> frozenset[str]:
     mamba2-2.7b none 3.317 / 3.803 / 5.332, gemv 3.262 / 3.693 / 5.329, gemv,conv_ssm 3.322 / 3.993 / 6.614, all
     4.701 / 6.722 / 6.626; nemotron-h-4b none 4.043 / 4.323 / 5.222, gemv 3.848 / 4.103 / 5.219, gemv,conv_ssm
     3.866 / 4.271 / 5.829, all 4.672 / 5.859 / 5.828. So ``gemv`` is on and the other two stay opt-in until they
-    beat the separate launches."""
-    raw = os.environ.get("SSMSPEC_DECODE_FUSION", DEFAULT_DECODE_FUSION).strip()
+    beat the separate launches. Inside ``decode_fusion_scope`` (a draft model's calls, ``engine/draft.py``) the
+    scope's parts stand instead."""
+    scoped = _SCOPE.get()
+    if scoped is not None:
+        return scoped
+    return parse_decode_fusion(os.environ.get("SSMSPEC_DECODE_FUSION", DEFAULT_DECODE_FUSION), "SSMSPEC_DECODE_FUSION")
+
+
+def parse_decode_fusion(raw: str, name: str) -> frozenset[str]:
+    """The parts a ``none`` / ``all`` / comma-separated value names; ``name`` (the variable) is in the error."""
+    raw = raw.strip()
     if raw == "none":
         return frozenset()
     if raw == "all":
@@ -71,6 +84,30 @@ def decode_fusion() -> frozenset[str]:
     parts = frozenset(p.strip() for p in raw.split(","))
     bad = sorted(parts - set(DECODE_FUSIONS))
     if bad or not parts:
-        raise ValueError(f"SSMSPEC_DECODE_FUSION must be none, all or a comma-separated list of "
+        raise ValueError(f"{name} must be none, all or a comma-separated list of "
                          f"{', '.join(DECODE_FUSIONS)}; got {raw!r}")
     return parts
+
+
+def draft_decode_fusion() -> frozenset[str] | None:
+    """The decode kernels of a draft model's calls (``SSMSPEC_DRAFT_DECODE_FUSION``, the values of
+    ``SSMSPEC_DECODE_FUSION``), or None where it is unset: the draft then takes the target's. A draft is a
+    small model at batch 1 bound by its launches, where a norm fused into the GEMV's prologue (a pass over a
+    few hundred channels) may pay though it does not at the sizes measured above; this sets the draft's kernels
+    without moving the target's or the autoregressive baseline's."""
+    raw = os.environ.get("SSMSPEC_DRAFT_DECODE_FUSION")
+    return None if raw is None else parse_decode_fusion(raw, "SSMSPEC_DRAFT_DECODE_FUSION")
+
+
+@contextlib.contextmanager
+def decode_fusion_scope(parts: frozenset[str] | None) -> Iterator[None]:
+    """``decode_fusion()`` returns ``parts`` inside (None: no scope, the process setting). A captured graph keeps
+    the kernels chosen while it was captured, so a graph captured inside keeps the scope's."""
+    if parts is None:
+        yield
+        return
+    token = _SCOPE.set(frozenset(parts))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
