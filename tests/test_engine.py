@@ -198,6 +198,28 @@ def test_captured_step_equals_the_eager_loop(preset, name, kind):
         assert graphed.sequences == ref
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("name", ["replay", "snapshot", "stree"])  # one row a sequence, a row a node, a tree
+def test_captured_chunked_argmax_equals_the_whole_call(name, monkeypatch):
+    """The greedy verify's argmax over chunks of a few positions (``HybridLM.argmax``, forced small here) inside
+    the captured step emits what the whole call's argmax emits, eagerly and captured, and the autoregressive
+    reference's tokens."""
+    from ssmspec.models import model as model_mod
+
+    model = build_model(load_preset("mamba2-130m"), seed=0, device="cuda", dtype=torch.float32)
+    prompts = [[(7 * b + 3 * i) % 200 + 3 for i in range(5 + 4 * b)] for b in range(4)]
+    ref = generate(model, prompts, max_new_tokens=16, cuda_graph=False).sequences
+    kind = "oracle-tree" if name == "stree" else "oracle-S3"
+    whole = generate(model, prompts, max_new_tokens=16, strategy=name, drafter=_drafter(kind, ref, model.cfg.vocab_size),
+                     cuda_graph=True).sequences
+    monkeypatch.setattr(model_mod, "ARGMAX_CHUNK_BYTES", 3 * 4 * model.cfg.vocab_size)  # three fp32 rows a chunk
+    for graph in (False, True):
+        out = generate(model, prompts, max_new_tokens=16, strategy=name,
+                       drafter=_drafter(kind, ref, model.cfg.vocab_size), cuda_graph=graph)
+        assert out.sequences == whole == ref
+
+
 def test_a_capture_stream_is_asked_of_a_gpu_only():
     from ssmspec.engine.graphs import capture_stream
 
