@@ -342,7 +342,8 @@ def test_a_draft_takes_its_own_decode_kernels(monkeypatch):
     target = build_model(load_preset("tiny-mamba2"), seed=0)
     draft = build_model(load_preset("tiny-mamba2"), seed=1)
     prompts = [[5, 17, 33, 8], [9, 10, 11]]
-    ref = generate(target, prompts, max_new_tokens=4, strategy="autoregressive", timing=False).sequences
+    new = 3
+    ref = generate(target, prompts, max_new_tokens=new, strategy="autoregressive", timing=False).sequences
     seen: list[tuple[str, bool]] = []  # (kernel, whose weight: the draft's)
     draft_weights = {p.data_ptr() for p in draft.parameters()}
     for fn in ("add_rms_norm_linear_triton", "gated_norm_linear_triton"):
@@ -356,14 +357,15 @@ def test_a_draft_takes_its_own_decode_kernels(monkeypatch):
             monkeypatch.delenv("SSMSPEC_DRAFT_DECODE_FUSION")
         else:
             monkeypatch.setenv("SSMSPEC_DRAFT_DECODE_FUSION", value)
-        seen.clear()
-        drafter = make_drafter("draft_model", draft=draft, draft_len=2)
-        outs.append(generate(target, prompts, max_new_tokens=4, strategy="replay", drafter=drafter,
-                             timing=False).sequences)
-        if value is None:
-            assert seen == []  # the target's default: no fused norm anywhere
-        else:
-            n_draft_layers = draft.cfg.pattern.count("M")
-            assert seen and all(mine for _, mine in seen), "a target call took the draft's kernels"
-            assert sum(fn == "gated_norm_linear_triton" for fn, _ in seen) >= n_draft_layers * 2
-    assert outs[0] == outs[1] == ref
+        for kind, opts in (("draft_model", {}), ("async_draft", {"fanout": [2, 1, 1], "backup": "draft"})):
+            seen.clear()
+            drafter = make_drafter(kind, draft=draft, draft_len=2, **opts)  # async: its speculation's calls too
+            outs.append(generate(target, prompts, max_new_tokens=new, strategy="replay", drafter=drafter,
+                                 timing=False).sequences)
+            if value is None:
+                assert seen == []  # the target's default: no fused norm anywhere
+            else:
+                n_draft_layers = draft.cfg.pattern.count("M")
+                assert seen and all(mine for _, mine in seen), f"{kind}: a target call took the draft's kernels"
+                assert sum(fn == "gated_norm_linear_triton" for fn, _ in seen) >= n_draft_layers * 2, kind
+    assert all(out == ref for out in outs)

@@ -74,6 +74,7 @@ from ssmspec.drafting.png import ngram_drafts_device
 from ssmspec.drafting.registry import DrafterBase, register_drafter
 from ssmspec.drafting.saguaro import bonus_candidates, branch_depths, check_fanout, rescale_top
 from ssmspec.ops.cache_lookup import cache_lookup_step
+from ssmspec.ops.dispatch import decode_fusion_scope
 from ssmspec.strategies import StepInputs
 from ssmspec.strategies.base import SpecConfig
 from ssmspec.verify.distributions import SamplingConfig, target_probs
@@ -233,7 +234,8 @@ class AsyncDraft(ModelDrafterBase, DrafterBase):
         for kv in self.kv or ():
             kv.set_call(kind, call)
         eng.ctx.step = StepInputs(ids, pos, src_slot=src, dst_slot=dst, kv_bound=eng.capacity)
-        return eng.model(ids, eng.ctx).float()
+        with decode_fusion_scope(eng.fusion):  # the draft's decode kernels, as in the engine's own calls
+            return eng.model(ids, eng.ctx).float()
 
     def _draw(self, logits: Tensor, gen: torch.Generator) -> tuple[Tensor, Tensor | None]:
         """(R, V) logits -> (R,) tokens and the q they were drawn from (R, V) (None: greedy). Sampled: the draft

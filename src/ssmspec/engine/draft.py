@@ -153,8 +153,9 @@ class DraftEngine:
         for kv in self.kv:
             kv.set_call("commit")
         self.ctx.step = StepInputs(ids, positions, valid=valid, prefill=True, dst_slot=self.home[:, None])
-        h = model.hidden(ids, self.ctx)[:, -1:]
-        self.last = model.logits(h)[:, 0].clone()  # (B, V) draft logits after each sequence's last absorbed token
+        with decode_fusion_scope(self.fusion):  # a short prompt at batch 1 has decode-sized calls too
+            h = model.hidden(ids, self.ctx)[:, -1:]
+            self.last = model.logits(h)[:, 0].clone()  # (B, V) draft logits after each sequence's last token
         n = valid.sum(1)
         slots = (torch.arange(self.capacity, device=dev)[None] + pads[:, None]).clamp(max=self.capacity - 1)
         for kv in self.kv:  # commit, then drop the left padding: row b's tokens sit at slots 0 .. n-1
