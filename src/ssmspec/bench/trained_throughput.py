@@ -17,8 +17,9 @@ rows also carry ``kernels_per_step``: the GPU kernels one step launches (draftin
 ``PROFILED_STEPS`` profiled steps after the timed ones (``bench/kernel_profile.py``; the engine's budget keeps
 room for them) -- a model this small is its launches, so this count is what its speedup turns on. At the batches
 of ``bench.throughput.profile_batches`` they also carry ``kernel_table``: per kernel name, launches and device
-microseconds per step and the share of the step's kernel time (with programmatic dependent launch the profiled
-kernel times overlap, so the shares rank the kernels, they do not split the step's wall time).
+microseconds per step and the share of the step's kernel time. With programmatic dependent launch a kernel
+starts while the one before it runs and its time includes that wait, so the times overlap and do not split the
+step's wall time; ``SSMSPEC_PDL=off`` gives times that do.
 """
 from __future__ import annotations
 
