@@ -39,34 +39,26 @@ from ssmspec.verify.base import Verdict, reads_argmax
 
 
 class _SampleVerifier:
-    """No drafts: emit one token from the target distribution (greedy: its argmax, read as the greedy verifier
-    reads it; sampled: drawn from its fp32 probabilities)."""
+    """No drafts, sampling: emit one token drawn from the target distribution (its fp32 probabilities)."""
 
     name = "sample"
 
     def __init__(self, sampling) -> None:
         self.sampling = sampling
-        self.argmax_only = self.sampling.greedy  # verify/base.py
-        self.fp32_logits = not self.argmax_only
 
     def verify(self, node_logits: Tensor, drafts, generator=None) -> Verdict:
         from ssmspec.verify.distributions import sample, target_probs
 
         last = node_logits[:, 0]
-        if self.sampling.greedy:
-            return self.verify_argmax(node_logits.argmax(-1), drafts)
         tok = sample(target_probs(last, self.sampling), generator)
         zeros = torch.zeros(last.shape[0], dtype=torch.long, device=last.device)
         return Verdict(accepted=zeros, path=zeros[:, None], bonus=tok)
 
-    def verify_argmax(self, target: Tensor, drafts) -> Verdict:
-        zeros = torch.zeros(target.shape[0], dtype=torch.long, device=target.device)
-        return Verdict(accepted=zeros, path=zeros[:, None], bonus=target[:, 0])
-
 
 def default_verifier(spec: SpecConfig, sampling):
-    """Greedy or speculative sampling for drafts, plain (greedy / sampled) picking without them."""
-    if spec.draft_len == 0:
+    """Greedy or speculative sampling for drafts; without them the greedy verifier (whose verdict on no drafts
+    is the argmax) or plain sampled picking."""
+    if spec.draft_len == 0 and not sampling.greedy:
         return _SampleVerifier(sampling)
     from ssmspec.verify import make_verifier
 
