@@ -5,36 +5,43 @@ the end-to-end experiments time random weights (``bench/e2e.py``: ``Engine`` wit
 over ``warmup`` + ``iters`` steps from a prefilled batch), so that speculative decoding's speedup over
 autoregressive decoding is measured with the acceptance the trained draft earns on real prompts, not designed.
 
-Per prompt set of ``bench.throughput.sets`` and batch of ``bench.throughput.batch``: the batch is the set's
-prompts in turn (each cut to its last ``prompt_len`` tokens, left-padded), decoded greedily by the autoregressive
-line and by every ``(drafter, strategy, S)`` of ``bench.throughput.lines`` x ``draft_len`` (replay's ring holds
-``bench.throughput.R`` entries). Models are loaded in ``bench.throughput.dtype`` (auto: bf16 on CUDA, as the
-random-weight experiments run). Each row carries
-``tokens_per_s`` (emitted tokens: accepted + 1 per sequence and step, over the steps' summed time),
+Per prompt set of ``bench.throughput.sets`` and batch B of ``bench.throughput.batch``: the set's prompts in groups
+of B (group g holds prompts g*B .. g*B+B-1, cycling through the set; each cut to its last ``prompt_len`` tokens,
+left-padded), decoded greedily by the autoregressive line and by every ``(drafter, strategy, S)`` of
+``bench.throughput.lines`` x ``draft_len`` (replay's ring holds ``bench.throughput.R`` entries). One engine per
+line decodes G = ceil(``bench.throughput.sequences`` / B) groups (null: G = 1, the first), each prefilled in turn
+and timed over ``warmup`` + ``iters`` steps, and its one row pools them (``pool_groups``; ``groups``: G): one
+group's few steps are too few to say a line's acceptance, and at batch 1 they are one sequence's. Models are
+loaded in ``bench.throughput.dtype`` (auto: bf16 on CUDA, as the random-weight experiments run). Each row carries
+``tokens_per_s`` (emitted tokens: accepted + 1 per sequence and step, over the steps' summed time, all groups'),
 ``speedup_vs_ar`` (over the autoregressive line of the same set and batch), ``mean_accepted`` and ``ref_match``
-(the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype). Captured
-rows also carry ``kernels_per_step``: the GPU kernels one step launches (drafting included), from
-``PROFILED_STEPS`` profiled steps after the timed ones (``bench/kernel_profile.py``; the engine's budget keeps
-room for them) -- a model this small is its launches, so this count is what its speedup turns on. At the batches
-of ``bench.throughput.profile_batches`` they also carry ``kernel_table``: per kernel name, launches and device
-microseconds per step and the share of the step's kernel time. With programmatic dependent launch a kernel
-starts while the one before it runs and its time includes that wait, so the times overlap and do not split the
-step's wall time; ``SSMSPEC_PDL=off`` gives times that do.
+(the share of sequences whose tokens equal the autoregressive engine's greedy output at that dtype, each group
+against its own). Captured rows also carry ``kernels_per_step``: the GPU kernels one step launches (drafting
+included), from ``PROFILED_STEPS`` profiled steps after the last group's timed ones (``bench/kernel_profile.py``;
+the engine's budget keeps room for them) -- a model this small is its launches, so this count is what its speedup
+turns on. At the batches of ``bench.throughput.profile_batches`` they also carry ``kernel_table``: per kernel name,
+launches and device microseconds per step and the share of the step's kernel time. With programmatic dependent
+launch a kernel starts while the one before it runs and its time includes that wait, so the times overlap and do
+not split the step's wall time; ``SSMSPEC_PDL=off`` gives times that do.
 """
 from __future__ import annotations
 
 import logging
+import math
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ssmspec import config as C
+from ssmspec.bench.designed import designed_fields
 from ssmspec.bench.e2e import _is_oom, throughput_row
 from ssmspec.bench.kernel_profile import profile_steps
 from ssmspec.bench.prompt_groups import pad_group
 from ssmspec.bench.steps_replay import release
 from ssmspec.bench.real_drafters import measured_drafter
+from ssmspec.bench.timing import summarize, wall_check
 from ssmspec.strategies import SpecConfig
 
 log = logging.getLogger("ssmspec.bench.trained")
@@ -56,6 +63,41 @@ def check_throughput(t: DictConfig) -> None:
         raise ValueError("bench.throughput.batch and bench.throughput.draft_len must be non-empty lists of ints >= 1")
     if int(t.iters) < 1 or int(t.warmup) < 0:
         raise ValueError("bench.throughput.iters must be >= 1 and warmup >= 0")
+    n = t.get("sequences")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ValueError(f"bench.throughput.sequences must be null (one group of prompts per batch) or an int >= 1 "
+                         f"(the sequences each line decodes per batch, in ceil(sequences / batch) groups), got {n!r}")
+
+
+def groups(t: DictConfig, bsz: int) -> int:
+    """Groups of ``bsz`` prompts a line decodes: ceil(``sequences`` / ``bsz``), one when ``sequences`` is null."""
+    n = t.get("sequences")
+    return 1 if n is None else math.ceil(int(n) / bsz)
+
+
+def pool_groups(parts: list[tuple[dict, list[int]]]) -> dict:
+    """One row of the groups one engine decoded. ``parts``: per group, its ``throughput_row`` and the accepted
+    drafts of its every timed (sequence, step). Counts, step samples and loop wall clocks are summed over the
+    groups, and every mean, rate and summary is made again from the sums (one group: its row, plus ``groups``)."""
+    rows = [r for r, _ in parts]
+    accepted = [a for _, acc in parts for a in acc]
+    samples = [ms for r in rows for ms in r["samples_ms"]]
+    emitted, seconds = sum(r["tokens_emitted"] for r in rows), sum(samples) * 1e-3
+    row = {**rows[0], **summarize(samples), "samples_ms": samples,
+           **wall_check(samples, sum(r["loop_wall_ms"] for r in rows)), "groups": len(rows),
+           "mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
+           "accepted_hist": {str(k): v for k, v in sorted(Counter(accepted).items())}}
+    row.update(tokens_emitted=emitted, tokens_per_s=emitted / seconds,
+               tokens_per_s_wall=emitted / (row["loop_wall_ms"] * 1e-3), tokens_per_step=emitted / len(accepted),
+               ref_match=sum(r["ref_match"] for r in rows) / len(rows))  # every group holds as many sequences
+    row.update(designed_fields(expected=row["expected_accepted"], accepted=accepted, seconds=seconds,
+                               tokens_per_s=row["tokens_per_s"]))
+    if "draft_samples_ms" in row:  # bench/steps.py: draft_fields
+        ms = [x for r in rows for x in r["draft_samples_ms"]]
+        q = summarize(ms)
+        row.update(draft_samples_ms=ms, draft_ms=q["ms_p50"], draft_ms_p90=q["ms_p90"],
+                   draft_call_ms=q["ms_p50"] / row["draft_calls"])
+    return row
 
 
 def _horizon(t: DictConfig) -> int:
@@ -92,17 +134,18 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                              f"`make data`)"}
             continue
         for bsz in [int(x) for x in t.batch]:
-            sample = [texts[i % len(texts)][-Tp:] for i in range(bsz)]
-            ids, valid = pad_group(sample, Tp, target.cfg.pad_token_id, device)
-            reference = generate(target, sample, max_new_tokens=H, strategy="autoregressive",
-                                 cuda_graph=graph).sequences
+            G = groups(t, bsz)
+            samples = [[texts[(g * bsz + i) % len(texts)][-Tp:] for i in range(bsz)] for g in range(G)]
+            padded = [pad_group(sample, Tp, target.cfg.pad_token_id, device) for sample in samples]
+            references = [generate(target, sample, max_new_tokens=H, strategy="autoregressive",
+                                   cuda_graph=graph).sequences for sample in samples]
             release(device)
             ar_tps = None
             todo = [("none", "autoregressive", 0)] + [(str(ln.drafter), str(ln.strategy), int(S))
                                                        for S in t.draft_len for ln in t.lines]
             for dname, strategy, S in todo:
                 row_head = {**head, "set": str(set_name), "batch": bsz, "line": f"{strategy} + {dname}" if S else
-                            "autoregressive", "drafter": dname, "S": S}
+                            "autoregressive", "drafter": dname, "S": S, "groups": G}
                 eng = None
                 try:
                     drafter = measured_drafter(dname, target=target, draft=draft, draft_len=S,
@@ -110,9 +153,13 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                     eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                  drafter=drafter, spec=SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32))),
                                  cuda_graph=graph)
-                    eng.prefill(ids, valid, sample)
-                    row = throughput_row(eng, warmup=warmup, iters=iters, reference=reference, oracle_alpha=None,
-                                         **row_head)
+                    parts = []
+                    for (ids, valid), sample, reference in zip(padded, samples, references):
+                        eng.prefill(ids, valid, sample)  # resets the drafter too
+                        part = throughput_row(eng, warmup=warmup, iters=iters, reference=reference,
+                                              oracle_alpha=None, **row_head)
+                        parts.append((part, [a for step in eng.accepted for a in step]))
+                    row = pool_groups(parts)
                     if eng.graphed:  # what a captured step launches (profiled after the timed steps)
                         row["kernels_per_step"], table = profile_steps(eng, steps=PROFILED_STEPS, top=TABLE_TOP)
                         if bsz in profiled:
@@ -127,7 +174,7 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                     if not S:
                         ar_tps = row["tokens_per_s"]
                     row["speedup_vs_ar"] = row["tokens_per_s"] / ar_tps if ar_tps else None
-                    log.info("throughput %s B=%d %-28s %8.0f tokens/s (%.2f accepted, %.2fx AR, ref_match %.2f)",
-                             set_name, bsz, row["line"] + (f" S={S}" if S else ""), row["tokens_per_s"],
+                    log.info("throughput %s B=%d x%d %-28s %8.0f tokens/s (%.2f accepted, %.2fx AR, ref_match "
+                             "%.2f)", set_name, bsz, G, row["line"] + (f" S={S}" if S else ""), row["tokens_per_s"],
                              row["mean_accepted"], row["speedup_vs_ar"] or 1.0, row["ref_match"])
                 yield row
