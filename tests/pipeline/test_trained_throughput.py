@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from ssmspec.bench.timing import summarize
@@ -35,12 +36,12 @@ def pair(train_cache):
     return SimpleNamespace(pair=p, png=b.png, prompts=validation_set(p, b).prompts[:3])
 
 
-def rows(pair, prompts, **over) -> dict:
+def rows(pair, prompts, device: str = "cpu", **over) -> dict:
     """(batch, line) -> throughput row of the set ``prompts`` with ``TP`` updated by ``over``."""
     b = OmegaConf.create({"throughput": {**TP, **over}, "png": pair.png})
     p = pair.pair
-    out = throughput_rows(p.entry, p.manifest, p.names, {"validation": prompts}, b, OmegaConf.create({"device": "cpu"}),
-                          {})
+    out = throughput_rows(p.entry, p.manifest, p.names, {"validation": prompts}, b,
+                          OmegaConf.create({"device": device}), {})
     return {(r["batch"], r["line"]): r for r in out}
 
 
@@ -73,6 +74,24 @@ def test_a_row_pools_the_groups_its_engine_decodes(pair):
         assert r["speedup_vs_ar"] == pytest.approx(r["tokens_per_s"] / ar["tokens_per_s"])
         if r["drafter"] == "draft_model":
             assert len(r["draft_samples_ms"]) == r["n"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_groups_pool_as_their_single_rows(pair):
+    """On the GPU, captured: every line decodes three groups at batch 1 and two at batch 2 (a captured engine's
+    graphs read its drafter's buffers, so each group gets a fresh engine: reusing one read freed memory), every
+    group emits the autoregressive tokens (float32), and each pooled row's accepted counts are its groups'."""
+    p0, p1, p2 = pair.prompts
+    pooled = rows(pair, pair.prompts, "cuda", batch=[1, 2], sequences=3, dtype="float32", cuda_graph=True)
+    singles = {1: [rows(pair, [q], "cuda", dtype="float32", cuda_graph=True) for q in (p0, p1, p2)],
+               2: [rows(pair, g, "cuda", batch=[2], dtype="float32", cuda_graph=True) for g in ([p0, p1], [p2, p0])]}
+    assert len(pooled) == 6
+    for (bsz, line), r in pooled.items():
+        parts = [s[(bsz, line)] for s in singles[bsz]]
+        assert r["status"] == "ok" and r["timing"] == "cuda_graph" and r["groups"] == len(parts), (bsz, line)
+        assert r["ref_match"] == 1.0 and r["kernels_per_step"] > 0, (bsz, line)
+        assert Counter(r["accepted_hist"]) == sum((Counter(s["accepted_hist"]) for s in parts), Counter())
 
 
 def test_null_sequences_is_one_group_of_the_first_prompts(pair):

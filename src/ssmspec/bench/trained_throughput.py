@@ -8,8 +8,8 @@ autoregressive decoding is measured with the acceptance the trained draft earns 
 Per prompt set of ``bench.throughput.sets`` and batch B of ``bench.throughput.batch``: the set's prompts in groups
 of B (group g holds prompts g*B .. g*B+B-1, cycling through the set; each cut to its last ``prompt_len`` tokens,
 left-padded), decoded greedily by the autoregressive line and by every ``(drafter, strategy, S)`` of
-``bench.throughput.lines`` x ``draft_len`` (replay's ring holds ``bench.throughput.R`` entries). One engine per
-line decodes G = ceil(``bench.throughput.sequences`` / B) groups (null: G = 1, the first), each prefilled in turn
+``bench.throughput.lines`` x ``draft_len`` (replay's ring holds ``bench.throughput.R`` entries). A line decodes
+G = ceil(``bench.throughput.sequences`` / B) groups (null: G = 1, the first), each prefilled into a fresh engine
 and timed over ``warmup`` + ``iters`` steps, and its one row pools them (``pool_groups``; ``groups``: G): one
 group's few steps are too few to say a line's acceptance, and at batch 1 they are one sequence's. Models are
 loaded in ``bench.throughput.dtype`` (auto: bf16 on CUDA, as the random-weight experiments run). Each row carries
@@ -148,14 +148,17 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                             "autoregressive", "drafter": dname, "S": S, "groups": G}
                 eng = None
                 try:
-                    drafter = measured_drafter(dname, target=target, draft=draft, draft_len=S,
-                                               **(ngram if dname == "png" else {})) if S else None
-                    eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
-                                 drafter=drafter, spec=SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32))),
-                                 cuda_graph=graph)
                     parts = []
                     for (ids, valid), sample, reference in zip(padded, samples, references):
-                        eng.prefill(ids, valid, sample)  # resets the drafter too
+                        # a fresh engine a group: a captured engine's graphs read its drafter's buffers, which a
+                        # second prefill allocates anew (replaying them read freed memory on the GPU)
+                        eng = None
+                        drafter = measured_drafter(dname, target=target, draft=draft, draft_len=S,
+                                                   **(ngram if dname == "png" else {})) if S else None
+                        spec = SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32)))
+                        eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
+                                     drafter=drafter, spec=spec, cuda_graph=graph)
+                        eng.prefill(ids, valid, sample)
                         part = throughput_row(eng, warmup=warmup, iters=iters, reference=reference,
                                               oracle_alpha=None, **row_head)
                         parts.append((part, [a for step in eng.accepted for a in step]))
