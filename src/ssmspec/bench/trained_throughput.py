@@ -148,14 +148,14 @@ def throughput_rows(entry, manifest: dict, names: tuple[str, str], sets: dict, b
                             "autoregressive", "drafter": dname, "S": S, "groups": G}
                 eng = None
                 try:
-                    parts = []
+                    parts, spec = [], SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32)))
                     for (ids, valid), sample, reference in zip(padded, samples, references):
                         # a fresh engine a group: a captured engine's graphs read its drafter's buffers, which a
-                        # second prefill allocates anew (replaying them read freed memory on the GPU)
+                        # second prefill allocates anew (replaying them read freed memory on the GPU); the last
+                        # group's engine is dropped before the next one allocates
                         eng = None
                         drafter = measured_drafter(dname, target=target, draft=draft, draft_len=S,
                                                    **(ngram if dname == "png" else {})) if S else None
-                        spec = SpecConfig(draft_len=S, buffer_size=int(t.get("R", 32)))
                         eng = Engine(target, batch=bsz, prefill_len=Tp, max_new_tokens=H, strategy=strategy,
                                      drafter=drafter, spec=spec, cuda_graph=graph)
                         eng.prefill(ids, valid, sample)
